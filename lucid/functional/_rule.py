@@ -1,0 +1,211 @@
+"""The one contract every optimizer rule follows, and how a rule becomes a transform.
+
+A *rule* is torch.optim's update for a single parameter, written once as
+elementwise math: ``update(param, grad, state, hyper, **flags) -> (param, state)``.
+Everything above it -- the optax transform over a pytree, the stateful
+``lucid.optim`` shell, the compiled and fused steps -- calls the same rule:
+
+* ``hyper`` holds the float hyper-parameters as 0-d arrays in the *compute
+  dtype* (float64 for float64 parameters, float32 otherwise), already resolved
+  for this step, with ``one_minus_<name>`` for every name in
+  :attr:`Rule.complements` (``1 - beta`` computed in double precision on the
+  host whenever the value is a Python number, as torch does);
+* ``flags`` are static options (``amsgrad``, ``maximize``, ...): a change of
+  flag is a change of program;
+* ``param``, ``grad`` and the array fields of ``state`` arrive upcast to the
+  compute dtype and leave cast back to their storage dtype, so bfloat16
+  parameters are updated in float32 arithmetic and stored in bfloat16, like
+  torch's opmath.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+Array = jax.Array
+Schedule = Callable[[Array], Array]
+HyperValue = Any  # float | Array | Schedule
+Options = Mapping[str, Any]
+State = Any  # a NamedTuple of arrays (one leaf) or of pytrees (a transform)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One torch.optim update rule and the declarations around it.
+
+    Attributes:
+      name: torch's class name (``"Adam"``).
+      state: the NamedTuple type of the state; its fields are torch's state
+        names. A field that an option switches off (``max_exp_avg_sq`` without
+        ``amsgrad``) holds ``None``.
+      validate: raises torch's ``ValueError`` for invalid options.
+      split: maps torch's keyword options to ``(hyper, flags)``: the float
+        hyper-parameters (runtime values) and the static options.
+      init: ``init(param, hyper, **flags) -> state`` for one parameter.
+      update: ``update(param, grad, state, hyper, **flags) -> (param, state)``.
+      complements: hyper-parameters whose ``1 - x`` the rule uses.
+      scalar_state: state fields that are 0-d per parameter (``step``, ``eta``).
+    """
+
+    name: str
+    state: type
+    validate: Callable[[Options], None]
+    split: Callable[[Options], tuple[dict[str, HyperValue], dict[str, Any]]]
+    init: Callable[..., Any]
+    update: Callable[..., tuple[Array, Any]]
+    complements: tuple[str, ...] = ()
+    scalar_state: tuple[str, ...] = ("step",)
+
+
+def is_number(value: Any) -> bool:
+    """True for a concrete real number (Python or NumPy scalar), not an array or schedule."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_zero(value: Any) -> bool:
+    """True when ``value`` is a concrete number equal to zero (a branch torch skips)."""
+    return is_number(value) and float(value) == 0.0
+
+
+def compute_dtype(dtype: Any) -> np.dtype:
+    """The dtype a parameter's update is computed in: float64 stays, the rest is float32."""
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))
+
+
+def resolve(hyper: Mapping[str, HyperValue], count: Array) -> dict[str, Any]:
+    """Evaluate every schedule in ``hyper`` at ``count`` (updates done so far)."""
+    return {k: (v(count) if callable(v) else v) for k, v in hyper.items()}
+
+
+def pack(rule: Rule, hyper: Mapping[str, Any]) -> dict[str, Any]:
+    """Add ``one_minus_<name>`` for the rule's complements.
+
+    For a Python number ``1 - x`` is computed in double precision, exactly as
+    torch computes ``1 - beta`` before it reaches a float32 kernel; for an
+    array it is computed in the graph.
+    """
+    packed = dict(hyper)
+    for name in rule.complements:
+        value = hyper[name]
+        packed[f"one_minus_{name}"] = 1.0 - float(value) if is_number(value) else 1 - value
+    return packed
+
+
+def _cast_state(state: Any, dtypes: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x, d: x.astype(d), state, dtypes)
+
+
+def apply_leaf(
+    rule: Rule,
+    flags: Mapping[str, Any],
+    hyper: Mapping[str, Any],
+    param: Array,
+    grad: Array,
+    state: Any,
+) -> tuple[Array, Any]:
+    """Run ``rule.update`` for one parameter with packed, resolved hyper-parameters.
+
+    Handles the dtype policy: inputs upcast to the compute dtype, outputs cast
+    back to the dtypes they are stored in.
+    """
+    cdtype = compute_dtype(param.dtype)
+    storage = jax.tree_util.tree_map(lambda x: x.dtype, state)
+    hyper_c = {k: jnp.asarray(v, cdtype) for k, v in hyper.items()}
+    state_c = jax.tree_util.tree_map(
+        lambda x: x.astype(cdtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state
+    )
+    new_param, new_state = rule.update(
+        param.astype(cdtype), grad.astype(cdtype), state_c, hyper_c, **flags
+    )
+    return new_param.astype(param.dtype), _cast_state(new_state, storage)
+
+
+def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array) -> Any:
+    """The state ``rule`` starts from for one parameter."""
+    cdtype = compute_dtype(param.dtype)
+    hyper_c = {k: jnp.asarray(v, cdtype) for k, v in hyper.items()}
+    return rule.init(param, hyper_c, **flags)
+
+
+def step_count(state: Any) -> Array:
+    """Updates done so far, as the int32 count a schedule is evaluated at."""
+    return jnp.asarray(state.step).astype(jnp.int32)
+
+
+def _transpose_in(state: Any, treedef: Any, n: int) -> list[Any]:
+    """A transform state (NamedTuple of pytrees) -> one NamedTuple per leaf."""
+    fields = [None if f is None else treedef.flatten_up_to(f) for f in state]
+    return [type(state)(*(None if f is None else f[i] for f in fields)) for i in range(n)]
+
+
+def _transpose_out(leaves: list[Any], treedef: Any, state_type: type) -> Any:
+    """One NamedTuple per leaf -> a transform state (NamedTuple of pytrees)."""
+    fields = []
+    for name in state_type._fields:
+        values = [getattr(leaf, name) for leaf in leaves]
+        fields.append(None if values and values[0] is None else treedef.unflatten(values))
+    return state_type(*fields)
+
+
+def check_same_structure(grads: Any, params: Any, name: str) -> None:
+    """Raise a clear ``ValueError`` when ``grads`` and ``params`` are different pytrees."""
+    if params is None:
+        raise ValueError(
+            f"lucid.functional.{name} needs the current params: call "
+            "tx.update(grads, state, params)."
+        )
+    g_def = jax.tree_util.tree_structure(grads)
+    p_def = jax.tree_util.tree_structure(params)
+    if g_def != p_def:
+        raise ValueError(
+            f"lucid.functional.{name}: grads and params have different structures:\n"
+            f"  grads:  {g_def}\n  params: {p_def}"
+        )
+    for g, p in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(params)):
+        if jnp.shape(g) != jnp.shape(p):
+            raise ValueError(
+                f"lucid.functional.{name}: a gradient of shape {jnp.shape(g)} was given "
+                f"for a parameter of shape {jnp.shape(p)}."
+            )
+
+
+def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
+    """Turn ``rule`` with torch-style ``options`` into an optax transformation.
+
+    ``init(params)`` builds the state NamedTuple whose fields are pytrees shaped
+    like ``params``; ``update(grads, state, params)`` evaluates schedules at the
+    number of updates done so far, applies the rule to every leaf and returns
+    ``new_params - params`` as the update (so ``optax.apply_updates`` lands on
+    torch's new parameters).
+    """
+    rule.validate(options)
+    hyper, flags = rule.split(options)
+
+    def init_fn(params: Any) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        start = pack(rule, resolve(hyper, jnp.zeros((), jnp.int32)))
+        states = [init_leaf(rule, flags, start, jnp.asarray(p)) for p in leaves]
+        return _transpose_out(states, treedef, rule.state)
+
+    def update_fn(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        check_same_structure(grads, params, rule.name.lower())
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        grad_leaves = treedef.flatten_up_to(grads)
+        leaf_states = _transpose_in(state, treedef, len(leaves))
+        updates, new_states = [], []
+        for p, g, s in zip(leaves, grad_leaves, leaf_states):
+            values = pack(rule, resolve(hyper, step_count(s)))
+            new_p, new_s = apply_leaf(rule, flags, values, p, g, s)
+            updates.append(new_p - p)
+            new_states.append(new_s)
+        return treedef.unflatten(updates), _transpose_out(new_states, treedef, rule.state)
+
+    return optax.GradientTransformation(init_fn, update_fn)

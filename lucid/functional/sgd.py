@@ -1,0 +1,109 @@
+"""SGD with momentum, dampening, Nesterov and weight decay (``torch.optim.SGD``).
+
+With ``g`` the gradient (negated when ``maximize``):
+
+.. math::
+
+    g &\\leftarrow g + \\lambda p \\\\
+    b_1 &= g, \\quad b_t = \\mu b_{t-1} + (1-\\tau) g \\\\
+    g &\\leftarrow g + \\mu b_t \\text{ (nesterov) or } b_t \\\\
+    p &\\leftarrow p - \\gamma g
+
+The momentum buffer starts as the raw gradient, without dampening, as in
+torch. torch keeps no ``step`` for SGD; the functional state keeps one so the
+first-step rule can be traced (the shell's state_dict leaves it out).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from . import _validate
+from ._rule import Rule, is_number, is_zero, transform
+
+
+class SGDState(NamedTuple):
+    step: Any
+    momentum_buffer: Any  # None without momentum
+
+
+def _validate_sgd(o: dict) -> None:
+    _validate.common(o, "SGD")
+    _validate.non_negative(o["momentum"], "momentum value")
+    _validate.non_negative(o["weight_decay"], "weight_decay value")
+    momentum, dampening = o["momentum"], o["dampening"]
+    if o["nesterov"] and (
+        (is_number(momentum) and momentum <= 0) or (is_number(dampening) and dampening != 0)
+    ):
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    hyper = {
+        "lr": o["lr"],
+        "momentum": o["momentum"],
+        "dampening": o["dampening"],
+        "weight_decay": o["weight_decay"],
+    }
+    flags = {
+        "use_momentum": not is_zero(o["momentum"]),
+        "use_weight_decay": not is_zero(o["weight_decay"]),
+        "nesterov": bool(o["nesterov"]),
+        "maximize": bool(o["maximize"]),
+    }
+    return hyper, flags
+
+
+def _init(param, hyper, *, use_momentum, **_) -> SGDState:
+    buf = jnp.zeros_like(param) if use_momentum else None
+    return SGDState(step=jnp.zeros((), jnp.float32), momentum_buffer=buf)
+
+
+def _update(param, grad, state, h, *, use_momentum, use_weight_decay, nesterov, maximize):
+    g = -grad if maximize else grad
+    if use_weight_decay:
+        g = g + h["weight_decay"] * param
+    buf = None
+    if use_momentum:
+        momentum = h["momentum"]
+        buf = jnp.where(
+            state.step == 0, g, state.momentum_buffer * momentum + h["one_minus_dampening"] * g
+        )
+        g = g + momentum * buf if nesterov else buf
+    new_param = param + (-h["lr"]) * g
+    return new_param, SGDState(step=state.step + 1, momentum_buffer=buf)
+
+
+SGD = Rule(
+    name="SGD",
+    state=SGDState,
+    validate=_validate_sgd,
+    split=_split,
+    init=_init,
+    update=_update,
+    complements=("dampening",),
+)
+
+
+def sgd(
+    lr: Any = 1e-3,
+    momentum: Any = 0,
+    dampening: Any = 0,
+    weight_decay: Any = 0,
+    nesterov: bool = False,
+    *,
+    maximize: bool = False,
+    foreach: bool | None = None,
+    differentiable: bool = False,
+    fused: bool | None = None,
+) -> optax.GradientTransformation:
+    """``torch.optim.SGD`` as an optax transformation.
+
+    Args mirror torch's; ``foreach`` and ``fused`` are accepted and ignored.
+    A momentum given as an array or schedule always keeps a buffer (torch
+    decides by ``momentum != 0``, which a traced value cannot answer).
+    """
+    return transform(SGD, locals())

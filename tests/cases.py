@@ -1,0 +1,67 @@
+"""Every optimizer x option set the parity tests run, shared by the functional,
+shell and compiled test modules. Options are torch's keywords, used verbatim on
+both sides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (torch class name, options)
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("SGD", {"lr": 0.05}),
+    ("SGD", {"lr": 0.05, "momentum": 0.9}),
+    ("SGD", {"lr": 0.05, "momentum": 0.9, "dampening": 0.3, "weight_decay": 0.1}),
+    ("SGD", {"lr": 0.05, "momentum": 0.8, "nesterov": True}),
+    ("SGD", {"lr": 0.05, "momentum": 0.5, "maximize": True}),
+    ("Adam", {"lr": 0.01}),
+    ("Adam", {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}),
+    ("Adam", {"lr": 0.01, "amsgrad": True}),
+    ("Adam", {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True, "amsgrad": True}),
+    ("Adam", {"lr": 0.01, "maximize": True}),
+    ("AdamW", {"lr": 0.01}),
+    ("AdamW", {"lr": 0.01, "weight_decay": 0.3, "amsgrad": True, "maximize": True}),
+    ("RMSprop", {"lr": 0.01}),
+    ("RMSprop", {"lr": 0.01, "alpha": 0.9, "eps": 1e-6, "weight_decay": 0.1}),
+    ("RMSprop", {"lr": 0.01, "centered": True}),
+    ("RMSprop", {"lr": 0.01, "momentum": 0.9}),
+    ("RMSprop", {"lr": 0.01, "momentum": 0.9, "centered": True, "maximize": True}),
+    ("Adagrad", {"lr": 0.1}),
+    ("Adagrad", {"lr": 0.1, "lr_decay": 0.01, "weight_decay": 0.1}),
+    ("Adagrad", {"lr": 0.1, "initial_accumulator_value": 0.5, "eps": 1e-6, "maximize": True}),
+    ("Adadelta", {}),
+    ("Adadelta", {"lr": 0.5, "rho": 0.8, "eps": 1e-5, "weight_decay": 0.1}),
+    ("Adadelta", {"lr": 0.5, "maximize": True}),
+    ("Adamax", {"lr": 0.01}),
+    ("Adamax", {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}),
+    ("Adamax", {"lr": 0.01, "maximize": True}),
+    ("RAdam", {"lr": 0.01}),
+    ("RAdam", {"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "weight_decay": 0.1}),
+    ("RAdam", {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True}),
+    ("RAdam", {"lr": 0.01, "maximize": True}),
+    ("NAdam", {"lr": 0.01}),
+    ("NAdam", {"lr": 0.01, "betas": (0.8, 0.99), "momentum_decay": 0.01, "weight_decay": 0.1}),
+    ("NAdam", {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True}),
+    ("NAdam", {"lr": 0.01, "maximize": True}),
+    ("ASGD", {"lr": 0.05}),
+    ("ASGD", {"lr": 0.05, "lambd": 1e-2, "alpha": 0.5, "t0": 10, "weight_decay": 0.1}),
+    ("ASGD", {"lr": 0.05, "t0": 0, "maximize": True}),
+    ("Rprop", {"lr": 0.01}),
+    ("Rprop", {"lr": 0.01, "etas": (0.3, 1.5), "step_sizes": (1e-4, 0.05)}),
+    ("Rprop", {"lr": 0.01, "maximize": True}),
+]
+
+
+def case_id(case: tuple[str, dict[str, Any]]) -> str:
+    name, options = case
+    parts = [f"{k}={v}" for k, v in options.items() if k != "lr"]
+    return name + ("[" + ",".join(parts) + "]" if parts else "")
+
+
+def snake(name: str) -> str:
+    """torch class name -> lucid.functional name."""
+    return {
+        "SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "RMSprop": "rmsprop",
+        "Adagrad": "adagrad", "Adadelta": "adadelta", "Adamax": "adamax", "RAdam": "radam",
+        "NAdam": "nadam", "ASGD": "asgd", "Rprop": "rprop", "SparseAdam": "sparse_adam",
+        "LBFGS": "lbfgs",
+    }[name]

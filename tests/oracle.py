@@ -1,0 +1,134 @@
+"""Run the same problem through torch.optim and through lucid, for parity tests.
+
+The problem is a small regression with two parameter tensors and a smooth,
+non-convex loss; each side computes its gradients natively (jax.grad and
+torch.autograd), so the comparison also covers the noise of two independent
+gradient implementations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+
+STEPS = 50
+
+# float64: the contract (DESIGN.md) is 1e-10 relative.
+F64_RTOL = 1e-10
+# float32: see ``float32_tolerance``.
+F32_RTOL_FLOOR = 2e-6
+
+
+def problem(seed: int = 0) -> dict[str, np.ndarray]:
+    """Initial parameters: a (5, 3) weight and a (3,) bias, in float64."""
+    rng = np.random.default_rng(seed)
+    return {"b": rng.normal(size=(3,)) * 0.5, "w": rng.normal(size=(5, 3))}
+
+
+_DATA = np.random.default_rng(1234).normal(size=(8, 5))
+_TARGET = np.random.default_rng(4321).normal(size=(8, 3))
+
+
+def loss_jax(params: dict[str, jax.Array]) -> jax.Array:
+    w, b = params["w"], params["b"]
+    x = jnp.asarray(_DATA, w.dtype)
+    y = jnp.asarray(_TARGET, w.dtype)
+    pred = jnp.tanh(x @ w + b)
+    return jnp.mean((pred - y) ** 2) + 0.05 * jnp.sum(w**4) + 0.1 * jnp.sum(jnp.sin(3 * b))
+
+
+def loss_torch(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    w, b = params["w"], params["b"]
+    x = torch.as_tensor(_DATA, dtype=w.dtype)
+    y = torch.as_tensor(_TARGET, dtype=w.dtype)
+    pred = torch.tanh(x @ w + b)
+    return torch.mean((pred - y) ** 2) + 0.05 * torch.sum(w**4) + 0.1 * torch.sum(torch.sin(3 * b))
+
+
+def losses(options: dict[str, Any]) -> tuple[Callable, Callable]:
+    """(jax loss, torch loss) for ``options``; with ``maximize`` the objective is
+    the negated loss, so ascent stays bounded and mirrors the descent problem."""
+    if options.get("maximize", False):
+        return (lambda p: -loss_jax(p)), (lambda p: -loss_torch(p))
+    return loss_jax, loss_torch
+
+
+TORCH_DTYPE = {"float64": torch.float64, "float32": torch.float32}
+
+
+@contextlib.contextmanager
+def torch_default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch keeps 0-d state (ASGD's eta, NAdam's mu_product) in the default dtype;
+    float64 runs set it to float64 so torch's reference is float64 throughout."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def run_torch(
+    cls: type,
+    options: dict[str, Any],
+    init: dict[str, np.ndarray],
+    dtype: str,
+    steps: int = STEPS,
+    loss: Callable | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``steps`` steps of ``cls(**options)``; returns final params and state_dict."""
+    tdtype = TORCH_DTYPE[dtype]
+    loss = loss or losses(options)[1]
+    with torch_default_dtype(tdtype if dtype == "float64" else torch.float32):
+        params = {k: torch.tensor(v, dtype=tdtype, requires_grad=True) for k, v in sorted(init.items())}
+        opt = cls(list(params.values()), **options)
+        for _ in range(steps):
+            opt.zero_grad()
+            loss(params).backward()
+            opt.step()
+        final = {k: v.detach().numpy().copy() for k, v in params.items()}
+        return final, opt.state_dict()
+
+
+def run_lucid(
+    tx: optax.GradientTransformation,
+    init: dict[str, np.ndarray],
+    dtype: str,
+    steps: int = STEPS,
+    loss: Callable = loss_jax,
+    jit: bool = True,
+) -> tuple[dict[str, np.ndarray], Any]:
+    """``steps`` updates of ``tx`` with gradients of ``loss``; final params and state."""
+    params = {k: jnp.asarray(v, dtype) for k, v in init.items()}
+    state = tx.init(params)
+
+    def step(params: Any, state: Any) -> tuple[Any, Any]:
+        grads = jax.grad(loss)(params)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    if jit:
+        step = jax.jit(step)
+    for _ in range(steps):
+        params, state = step(params, state)
+    return {k: np.asarray(v) for k, v in params.items()}, state
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Max elementwise error relative to the expected array's scale."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    scale = max(np.max(np.abs(expected)), 1e-30)
+    return float(np.max(np.abs(actual - expected)) / scale) if expected.size else 0.0
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().numpy()
+    return np.asarray(value)
