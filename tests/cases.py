@@ -4,6 +4,7 @@ both sides."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 # (torch class name, options)
@@ -55,6 +56,13 @@ def case_id(case: tuple[str, dict[str, Any]]) -> str:
     name, options = case
     parts = [f"{k}={v}" for k, v in options.items() if k != "lr"]
     return name + ("[" + ",".join(parts) + "]" if parts else "")
+
+
+def functional(name: str):
+    """The lucid.functional transform factory for a torch class name."""
+    fn = snake(name)
+    module = importlib.import_module(f"lucid.functional.{'adam' if fn == 'adamw' else fn}")
+    return getattr(module, fn)
 
 
 def snake(name: str) -> str:

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-import lucid.functional as LF
-from cases import CASES, case_id, snake
+from cases import CASES, case_id, functional
 from oracle import (
     F32_RTOL_FLOOR,
     F64_RTOL,
@@ -32,7 +31,7 @@ LUCID_ONLY_STATE = {"SGD": {"step"}}
 
 
 def _transform(name: str, options: dict):
-    return getattr(LF, snake(name))(**options)
+    return functional(name)(**options)
 
 
 def _assert_state_matches(name, state, torch_state, dtype, rtol):
