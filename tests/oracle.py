@@ -132,3 +132,24 @@ def to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         return value.detach().numpy()
     return np.asarray(value)
+
+
+def run_shell(
+    cls: type,
+    options: dict[str, Any],
+    init: dict[str, np.ndarray],
+    dtype: str,
+    steps: int = STEPS,
+    loss: Callable | None = None,
+) -> tuple[dict[str, np.ndarray], Any]:
+    """``steps`` steps of the lucid.optim class ``cls``; final params and the optimizer."""
+    import lucid
+
+    loss = loss or losses(options)[0]
+    params = {k: lucid.Parameter(jnp.asarray(v, dtype)) for k, v in sorted(init.items())}
+    opt = cls(list(params.values()), **options)
+    for _ in range(steps):
+        opt.zero_grad()
+        lucid.backward(loss, params)
+        opt.step()
+    return {k: np.asarray(p.data) for k, p in params.items()}, opt

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,6 +54,9 @@ class Rule:
       update: ``update(param, grad, state, hyper, **flags) -> (param, state)``.
       complements: hyper-parameters whose ``1 - x`` the rule uses.
       scalar_state: state fields that are 0-d per parameter (``step``, ``eta``).
+      lazy_init: the state the stateful shell starts a parameter from when it
+        differs from ``init`` (torch creates SGD's momentum buffer lazily, from
+        the first gradient); ``None`` means ``init``.
     """
 
     name: str
@@ -63,6 +67,8 @@ class Rule:
     update: Callable[..., tuple[Array, Any]]
     complements: tuple[str, ...] = ()
     scalar_state: tuple[str, ...] = ("step",)
+    sparse_update: Callable[..., tuple[Array, Any]] | None = None
+    lazy_init: Callable[..., Any] | None = None
 
 
 def is_number(value: Any) -> bool:
@@ -73,6 +79,16 @@ def is_number(value: Any) -> bool:
 def is_zero(value: Any) -> bool:
     """True when ``value`` is a concrete number equal to zero (a branch torch skips)."""
     return is_number(value) and float(value) == 0.0
+
+
+def is_sparse(value: Any) -> bool:
+    """True for a ``jax.experimental.sparse`` array (BCOO, BCSR, ...).
+
+    Looks the module up instead of importing it: if it was never imported, no
+    value can be one of its arrays, and dense-only users skip its import cost.
+    """
+    sparse = sys.modules.get("jax.experimental.sparse")
+    return sparse is not None and isinstance(value, sparse.JAXSparse)
 
 
 def compute_dtype(dtype: Any) -> np.dtype:
@@ -99,8 +115,18 @@ def pack(rule: Rule, hyper: Mapping[str, Any]) -> dict[str, Any]:
     return packed
 
 
-def _cast_state(state: Any, dtypes: Any) -> Any:
-    return jax.tree_util.tree_map(lambda x, d: x.astype(d), state, dtypes)
+def _restore_dtypes(new_state: Any, old_state: Any, param_dtype: Any) -> Any:
+    """Cast each new state field back to the dtype its old value was stored in; a
+    field created by this update (SGD's first momentum buffer) takes the param's."""
+    fields = []
+    for new, old in zip(new_state, old_state):
+        if new is None:
+            fields.append(None)
+        elif old is not None:
+            fields.append(new.astype(old.dtype))
+        else:
+            fields.append(new.astype(param_dtype) if jnp.ndim(new) else new)
+    return type(new_state)(*fields)
 
 
 def apply_leaf(
@@ -114,18 +140,20 @@ def apply_leaf(
     """Run ``rule.update`` for one parameter with packed, resolved hyper-parameters.
 
     Handles the dtype policy: inputs upcast to the compute dtype, outputs cast
-    back to the dtypes they are stored in.
+    back to the dtypes they are stored in. A sparse ``grad`` goes, uncast, to
+    ``rule.sparse_update`` when the rule has one.
     """
     cdtype = compute_dtype(param.dtype)
-    storage = jax.tree_util.tree_map(lambda x: x.dtype, state)
     hyper_c = {k: jnp.asarray(v, cdtype) for k, v in hyper.items()}
     state_c = jax.tree_util.tree_map(
         lambda x: x.astype(cdtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state
     )
-    new_param, new_state = rule.update(
-        param.astype(cdtype), grad.astype(cdtype), state_c, hyper_c, **flags
-    )
-    return new_param.astype(param.dtype), _cast_state(new_state, storage)
+    if rule.sparse_update is not None and is_sparse(grad):
+        update, grad_c = rule.sparse_update, grad
+    else:
+        update, grad_c = rule.update, grad.astype(cdtype)
+    new_param, new_state = update(param.astype(cdtype), grad_c, state_c, hyper_c, **flags)
+    return new_param.astype(param.dtype), _restore_dtypes(new_state, state, param.dtype)
 
 
 def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array) -> Any:
@@ -155,21 +183,28 @@ def _transpose_out(leaves: list[Any], treedef: Any, state_type: type) -> Any:
     return state_type(*fields)
 
 
-def check_same_structure(grads: Any, params: Any, name: str) -> None:
-    """Raise a clear ``ValueError`` when ``grads`` and ``params`` are different pytrees."""
+def check_same_structure(
+    grads: Any, params: Any, name: str, *, sparse_leaves: bool = False
+) -> None:
+    """Raise a clear ``ValueError`` when ``grads`` and ``params`` are different pytrees.
+
+    With ``sparse_leaves`` a sparse array in ``grads`` counts as one leaf.
+    """
     if params is None:
         raise ValueError(
             f"lucid.functional.{name} needs the current params: call "
             "tx.update(grads, state, params)."
         )
-    g_def = jax.tree_util.tree_structure(grads)
+    is_leaf = is_sparse if sparse_leaves else None
+    g_def = jax.tree_util.tree_structure(grads, is_leaf=is_leaf)
     p_def = jax.tree_util.tree_structure(params)
     if g_def != p_def:
         raise ValueError(
             f"lucid.functional.{name}: grads and params have different structures:\n"
             f"  grads:  {g_def}\n  params: {p_def}"
         )
-    for g, p in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(params)):
+    g_leaves = jax.tree_util.tree_leaves(grads, is_leaf=is_leaf)
+    for g, p in zip(g_leaves, jax.tree_util.tree_leaves(params)):
         if jnp.shape(g) != jnp.shape(p):
             raise ValueError(
                 f"lucid.functional.{name}: a gradient of shape {jnp.shape(g)} was given "
@@ -196,7 +231,9 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
         return _transpose_out(states, treedef, rule.state)
 
     def update_fn(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
-        check_same_structure(grads, params, rule.name.lower())
+        check_same_structure(
+            grads, params, rule.name.lower(), sparse_leaves=rule.sparse_update is not None
+        )
         leaves, treedef = jax.tree_util.tree_flatten(params)
         grad_leaves = treedef.flatten_up_to(grads)
         leaf_states = _transpose_in(state, treedef, len(leaves))

@@ -10,8 +10,10 @@ With ``g`` the gradient (negated when ``maximize``):
     p &\\leftarrow p - \\gamma g
 
 The momentum buffer starts as the raw gradient, without dampening, as in
-torch. torch keeps no ``step`` for SGD; the functional state keeps one so the
-first-step rule can be traced (the shell's state_dict leaves it out).
+torch. torch keeps no ``step`` for SGD and creates the buffer at the first
+step; the functional state keeps a ``step`` and a zero buffer from ``init`` so
+the first-step rule can be traced, while the stateful shell starts from
+torch's empty state (``lazy_init``) and keeps torch's state names exactly.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def _init(param, hyper, *, use_momentum, **_) -> SGDState:
     return SGDState(step=jnp.zeros((), jnp.float32), momentum_buffer=buf)
 
 
+def _lazy_init(param, hyper, **_) -> SGDState:
+    return SGDState(step=None, momentum_buffer=None)
+
+
 def _update(param, grad, state, h, *, use_momentum, use_weight_decay, nesterov, maximize):
     g = -grad if maximize else grad
     if use_weight_decay:
@@ -69,12 +75,16 @@ def _update(param, grad, state, h, *, use_momentum, use_weight_decay, nesterov, 
     buf = None
     if use_momentum:
         momentum = h["momentum"]
-        buf = jnp.where(
-            state.step == 0, g, state.momentum_buffer * momentum + h["one_minus_dampening"] * g
-        )
+        if state.momentum_buffer is None:  # torch's first step: the raw gradient
+            buf = g
+        else:
+            buf = state.momentum_buffer * momentum + h["one_minus_dampening"] * g
+            if state.step is not None:  # the traced form of the same first-step rule
+                buf = jnp.where(state.step == 0, g, buf)
         g = g + momentum * buf if nesterov else buf
     new_param = param + (-h["lr"]) * g
-    return new_param, SGDState(step=state.step + 1, momentum_buffer=buf)
+    step = None if state.step is None else state.step + 1
+    return new_param, SGDState(step=step, momentum_buffer=buf)
 
 
 SGD = Rule(
@@ -85,6 +95,7 @@ SGD = Rule(
     init=_init,
     update=_update,
     complements=("dampening",),
+    lazy_init=_lazy_init,
 )
 
 
