@@ -22,8 +22,13 @@ STEPS = 50
 
 # float64: the contract (DESIGN.md) is 1e-10 relative.
 F64_RTOL = 1e-10
-# float32: see ``float32_tolerance``.
-F32_RTOL_FLOOR = 2e-6
+# float32: the tests allow 4x torch's own float32-vs-float64 drift measured on
+# the same run, and never less than this floor. Typical drift over 50 steps is
+# 1e-7..2e-6, but where a second moment gets tiny (RMSprop's square_avg ~1e-5)
+# rounding differences double every step and two correct float32
+# implementations part by ~4e-6 while torch happens to stay closer to float64.
+# The float64 tests (1e-10) are what pin the math; float32 bounds the drift.
+F32_RTOL_FLOOR = 1e-5
 
 
 def problem(seed: int = 0) -> dict[str, np.ndarray]:
@@ -153,3 +158,27 @@ def run_shell(
         lucid.backward(loss, params)
         opt.step()
     return {k: np.asarray(p.data) for k, p in params.items()}, opt
+
+
+@contextlib.contextmanager
+def count_compiles() -> Iterator[list[str]]:
+    """Collect one entry per XLA backend compilation inside the block."""
+    compiled: list[str] = []
+
+    def listener(name: str, secs: float, **kwargs: Any) -> None:
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiled.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield compiled
+    finally:
+        _unregister(listener)
+
+
+def _unregister(listener: Callable) -> None:
+    from jax._src import monitoring
+
+    listeners = monitoring._event_duration_secs_listeners
+    if listener in listeners:
+        listeners.remove(listener)

@@ -32,9 +32,12 @@ def options_of(frame_locals: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def to_array(value: Any) -> Any:
-    """A checkpoint leaf as something jax/numpy can read (torch tensors through numpy)."""
+    """A checkpoint leaf as something jax/numpy can read (torch tensors through numpy).
+
+    The copy matters: on the CPU a jax array made from a NumPy view can share
+    its memory, and torch may keep updating that tensor in place."""
     if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
-        return value.detach().cpu().numpy()
+        return value.detach().cpu().numpy().copy()
     return value
 
 
@@ -199,7 +202,9 @@ class Optimizer:
     def state_dict(self) -> dict[str, Any]:
         """torch's format: ``{'state': {index: {name: array}}, 'param_groups': [...]}``.
 
-        A snapshot: the arrays are immutable and the dicts are fresh copies.
+        A snapshot: fresh dicts and fresh array copies, so nothing done to the
+        result (even torch updating a tensor made from it in place, which
+        shares its memory on the CPU) reaches the optimizer.
         """
         if self._owner is not None:
             return self._owner.state_dict()
@@ -213,7 +218,9 @@ class Optimizer:
             packed["params"] = [index.setdefault(p, len(index)) for p in group["params"]]
             groups.append(packed)
         state = {
-            index[p]: self._export_state(dict(s)) for p, s in self.state.items() if p in index and s
+            index[p]: self._export_state(_copy_arrays(s))
+            for p, s in self.state.items()
+            if p in index and s
         }
         return {"state": state, "param_groups": groups}
 
@@ -306,6 +313,10 @@ class Optimizer:
             lines.append(f"Parameter Group {i}")
             lines += [f"    {k}: {group[k]}" for k in sorted(group) if k != "params"]
         return "\n".join(lines) + "\n)"
+
+
+def _copy_arrays(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: jnp.array(v, copy=True) if isinstance(v, jax.Array) else v for k, v in state.items()}
 
 
 def _to_python(value: Any) -> Any:

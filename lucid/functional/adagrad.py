@@ -1,0 +1,99 @@
+"""Adagrad with learning-rate decay (``torch.optim.Adagrad``).
+
+With ``g`` the gradient (negated when ``maximize``) and ``t`` the step:
+
+.. math::
+
+    g &\\leftarrow g + \\lambda p \\\\
+    \\tilde\\gamma &= \\gamma / (1 + (t-1)\\eta) \\\\
+    s_t &= s_{t-1} + g^2, \\qquad s_0 = \\text{initial\\_accumulator\\_value} \\\\
+    p &\\leftarrow p - \\tilde\\gamma\\, g / (\\sqrt{s_t} + \\epsilon)
+
+``eps`` (default 1e-10) is added outside the square root, as in torch.
+Dense gradients only (torch's sparse-gradient path has no counterpart here).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from . import _validate
+from ._rule import Rule, is_zero, transform
+
+
+class AdagradState(NamedTuple):
+    step: Any
+    sum: Any
+
+
+def _validate_adagrad(o: dict) -> None:
+    _validate.common(o, "Adagrad")
+    _validate.non_negative(o["lr_decay"], "lr_decay value")
+    _validate.non_negative(o["weight_decay"], "weight_decay value")
+    _validate.non_negative(o["initial_accumulator_value"], "initial_accumulator_value value")
+    _validate.non_negative(o["eps"], "epsilon value")
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    hyper = {
+        "lr": o["lr"],
+        "lr_decay": o["lr_decay"],
+        "weight_decay": o["weight_decay"],
+        "initial_accumulator_value": o["initial_accumulator_value"],
+        "eps": o["eps"],
+    }
+    flags = {
+        "use_weight_decay": not is_zero(o["weight_decay"]),
+        "maximize": bool(o["maximize"]),
+    }
+    return hyper, flags
+
+
+def _init(param, hyper, **_) -> AdagradState:
+    return AdagradState(
+        step=jnp.zeros((), jnp.float32),
+        sum=jnp.full_like(param, hyper["initial_accumulator_value"]),
+    )
+
+
+def _update(param, grad, state, h, *, use_weight_decay, maximize):
+    step = state.step + 1
+    t = step.astype(param.dtype)
+    g = -grad if maximize else grad
+    if use_weight_decay:
+        g = g + h["weight_decay"] * param
+    clr = h["lr"] / (1 + (t - 1) * h["lr_decay"])
+    state_sum = state.sum + g * g
+    std = jnp.sqrt(state_sum) + h["eps"]
+    new_param = param + (-clr) * g / std
+    return new_param, AdagradState(step, state_sum)
+
+
+ADAGRAD = Rule(
+    name="Adagrad",
+    state=AdagradState,
+    validate=_validate_adagrad,
+    split=_split,
+    init=_init,
+    update=_update,
+)
+
+
+def adagrad(
+    lr: Any = 1e-2,
+    lr_decay: Any = 0,
+    weight_decay: Any = 0,
+    initial_accumulator_value: Any = 0,
+    eps: Any = 1e-10,
+    foreach: bool | None = None,
+    *,
+    maximize: bool = False,
+    differentiable: bool = False,
+    fused: bool | None = None,
+) -> optax.GradientTransformation:
+    """``torch.optim.Adagrad`` as an optax transformation (``foreach`` and
+    ``fused`` are accepted and ignored)."""
+    return transform(ADAGRAD, locals())

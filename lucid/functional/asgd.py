@@ -1,0 +1,110 @@
+"""Averaged SGD (``torch.optim.ASGD``).
+
+With ``g`` the gradient (negated when ``maximize``), ``t`` the step, ``eta``
+and ``mu`` from the previous step (``eta`` starts at ``lr``, ``mu`` at 1):
+
+.. math::
+
+    g &\\leftarrow g + \\lambda_{wd} p \\\\
+    p &\\leftarrow p(1 - \\lambda\\eta), \\qquad p \\leftarrow p - \\eta g \\\\
+    a &\\leftarrow a + \\mu(p - a)
+        \\quad (\\text{a plain copy } a \\leftarrow p \\text{ when } \\mu = 1) \\\\
+    \\eta &\\leftarrow \\gamma / (1 + \\lambda\\gamma t)^\\alpha, \\qquad
+    \\mu \\leftarrow 1 / \\max(1, t - t_0)
+
+``ax`` is the running average of the iterates (torch's ``ax``); with the
+default ``t0 = 1e6`` it just copies ``p``. ``eta`` and ``mu`` are 0-d per
+parameter, as in torch, where they live in the default dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from . import _validate
+from ._rule import Rule, is_zero, transform
+
+
+class ASGDState(NamedTuple):
+    step: Any
+    eta: Any
+    mu: Any
+    ax: Any
+
+
+def _validate_asgd(o: dict) -> None:
+    _validate.common(o, "ASGD")
+    _validate.non_negative(o["weight_decay"], "weight_decay value")
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    hyper = {
+        "lr": o["lr"],
+        "lambd": o["lambd"],
+        "alpha": o["alpha"],
+        "t0": o["t0"],
+        "weight_decay": o["weight_decay"],
+    }
+    flags = {
+        "maximize": bool(o["maximize"]),
+        "use_weight_decay": not is_zero(o["weight_decay"]),
+    }
+    return hyper, flags
+
+
+def _init(param, hyper, **_) -> ASGDState:
+    lr = hyper["lr"]
+    return ASGDState(
+        step=jnp.zeros((), jnp.float32),
+        eta=lr,
+        mu=jnp.ones((), lr.dtype),
+        ax=jnp.zeros_like(param),
+    )
+
+
+def _update(param, grad, state, h, *, maximize, use_weight_decay):
+    step = state.step + 1
+    t = step.astype(param.dtype)
+    lr, lambd, eta, mu = h["lr"], h["lambd"], state.eta, state.mu
+    g = -grad if maximize else grad
+    if use_weight_decay:
+        g = g + h["weight_decay"] * param
+    param = param * (1 - lambd * eta)
+    param = param + (-eta) * g
+    # torch tests `mu.item() != 1` and copies p exactly in that case.
+    ax = jnp.where(mu != 1, state.ax + (param - state.ax) * mu, param)
+    # (1 + lambd*lr*t)**alpha through log1p, since lambd*lr*t is tiny next to 1.
+    new_eta = lr / jnp.exp(h["alpha"] * jnp.log1p(lambd * lr * t))
+    new_mu = 1 / jnp.maximum(1, t - h["t0"])
+    return param, ASGDState(step, new_eta, new_mu, ax)
+
+
+ASGD = Rule(
+    name="ASGD",
+    state=ASGDState,
+    validate=_validate_asgd,
+    split=_split,
+    init=_init,
+    update=_update,
+    scalar_state=("step", "eta", "mu"),
+)
+
+
+def asgd(
+    lr: Any = 1e-2,
+    lambd: Any = 1e-4,
+    alpha: Any = 0.75,
+    t0: Any = 1e6,
+    weight_decay: Any = 0,
+    foreach: bool | None = None,
+    maximize: bool = False,
+    differentiable: bool = False,
+    capturable: bool = False,
+) -> optax.GradientTransformation:
+    """``torch.optim.ASGD`` as an optax transformation (``foreach`` and
+    ``capturable`` are accepted and ignored; torch has no keyword-only marker
+    here, so neither does this)."""
+    return transform(ASGD, locals())

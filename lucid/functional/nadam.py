@@ -1,0 +1,132 @@
+"""NAdam, Adam with Nesterov momentum (``torch.optim.NAdam``).
+
+With ``g`` the gradient (negated when ``maximize``), ``t`` the step and
+Dozat's momentum schedule :math:`\\mu_t = \\beta_1(1 - \\tfrac12\\, 0.96^{t\\psi})`
+(:math:`\\psi` = ``momentum_decay``):
+
+.. math::
+
+    g &\\leftarrow g + \\lambda p \\quad\\text{or, decoupled,}\\quad
+        p \\leftarrow p(1 - \\gamma\\lambda) \\\\
+    \\Pi_t &= \\Pi_{t-1}\\,\\mu_t \\quad (\\Pi_0 = 1,\\ \\text{kept as ``mu_product``}) \\\\
+    m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g, \\qquad
+    v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g^2 \\\\
+    d &= \\sqrt{v_t / (1-\\beta_2^t)} + \\epsilon \\\\
+    p &\\leftarrow p - \\frac{\\gamma(1-\\mu_t)}{1-\\Pi_t}\\,\\frac{g}{d}
+        - \\frac{\\gamma\\,\\mu_{t+1}}{1-\\Pi_t\\mu_{t+1}}\\,\\frac{m_t}{d}
+
+applied as two ``addcdiv`` steps in that order, as torch does. torch keeps
+``mu_product`` as a 0-d tensor in its default dtype; here it is a 0-d array in
+the compute dtype (float32, or float64 for float64 parameters).
+``optax.nadam`` equals this only as ``momentum_decay`` goes to infinity.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from . import _validate
+from ._math import lerp, one_minus_pow
+from ._rule import Rule, is_zero, transform
+from .adam import validate_adam_family
+
+
+class NAdamState(NamedTuple):
+    step: Any
+    exp_avg: Any
+    exp_avg_sq: Any
+    mu_product: Any
+
+
+def _validate_nadam(o: dict) -> None:
+    validate_adam_family(o, "NAdam")
+    _validate.non_negative(o["momentum_decay"], "momentum_decay value")
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    beta1, beta2 = o["betas"]
+    hyper = {
+        "lr": o["lr"],
+        "beta1": beta1,
+        "beta2": beta2,
+        "eps": o["eps"],
+        "weight_decay": o["weight_decay"],
+        "momentum_decay": o["momentum_decay"],
+    }
+    flags = {
+        "maximize": bool(o["maximize"]),
+        "decoupled_weight_decay": bool(o["decoupled_weight_decay"]),
+        "use_weight_decay": not is_zero(o["weight_decay"]),
+    }
+    return hyper, flags
+
+
+def _init(param, hyper, **_) -> NAdamState:
+    zeros = jnp.zeros_like(param)
+    return NAdamState(
+        step=jnp.zeros((), jnp.float32),
+        exp_avg=zeros,
+        exp_avg_sq=zeros,
+        mu_product=jnp.ones((), hyper["lr"].dtype),
+    )
+
+
+def _momentum(beta1, momentum_decay, t):
+    """Dozat's schedule ``mu_t = beta1 * (1 - 0.5 * 0.96**(t * momentum_decay))``."""
+    return beta1 * (1 - 0.5 * jnp.power(jnp.asarray(0.96, t.dtype), t * momentum_decay))
+
+
+def _update(param, grad, state, h, *, maximize, decoupled_weight_decay, use_weight_decay):
+    step = state.step + 1
+    t = step.astype(param.dtype)
+    lr = h["lr"]
+    g = -grad if maximize else grad
+    bias_correction2 = one_minus_pow(h["one_minus_beta2"], t)
+    if use_weight_decay:
+        if decoupled_weight_decay:
+            param = param * (1 - lr * h["weight_decay"])
+        else:
+            g = g + h["weight_decay"] * param
+    mu = _momentum(h["beta1"], h["momentum_decay"], t)
+    mu_next = _momentum(h["beta1"], h["momentum_decay"], t + 1)
+    mu_product = state.mu_product * mu
+    mu_product_next = mu_product * mu_next
+    exp_avg = lerp(state.exp_avg, g, h["one_minus_beta1"])
+    exp_avg_sq = state.exp_avg_sq * h["beta2"] + h["one_minus_beta2"] * g * g
+    denom = jnp.sqrt(exp_avg_sq / bias_correction2) + h["eps"]
+    param = param + (-lr * (1 - mu) / (1 - mu_product)) * g / denom
+    param = param + (-lr * mu_next / (1 - mu_product_next)) * exp_avg / denom
+    return param, NAdamState(step, exp_avg, exp_avg_sq, mu_product)
+
+
+NADAM = Rule(
+    name="NAdam",
+    state=NAdamState,
+    validate=_validate_nadam,
+    split=_split,
+    init=_init,
+    update=_update,
+    complements=("beta1", "beta2"),
+    scalar_state=("step", "mu_product"),
+)
+
+
+def nadam(
+    lr: Any = 2e-3,
+    betas: tuple[Any, Any] = (0.9, 0.999),
+    eps: Any = 1e-8,
+    weight_decay: Any = 0,
+    momentum_decay: Any = 4e-3,
+    decoupled_weight_decay: bool = False,
+    *,
+    foreach: bool | None = None,
+    maximize: bool = False,
+    capturable: bool = False,
+    differentiable: bool = False,
+) -> optax.GradientTransformation:
+    """``torch.optim.NAdam`` as an optax transformation (``foreach`` and
+    ``capturable`` are accepted and ignored)."""
+    return transform(NADAM, locals())

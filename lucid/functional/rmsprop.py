@@ -1,0 +1,124 @@
+"""RMSprop, centered or not, with momentum (``torch.optim.RMSprop``).
+
+With ``g`` the gradient (negated when ``maximize``):
+
+.. math::
+
+    g &\\leftarrow g + \\lambda p \\\\
+    v_t &= \\alpha v_{t-1} + (1-\\alpha) g^2, \\qquad
+    \\bar g_t = \\alpha \\bar g_{t-1} + (1-\\alpha) g \\text{ (centered)} \\\\
+    a_t &= \\sqrt{v_t - \\bar g_t^2} + \\epsilon
+        \\quad\\text{or, not centered,}\\quad \\sqrt{v_t} + \\epsilon \\\\
+    b_t &= \\mu b_{t-1} + g / a_t, \\quad p \\leftarrow p - \\gamma b_t
+        \\quad\\text{or, without momentum,}\\quad p \\leftarrow p - \\gamma g / a_t
+
+``eps`` is added outside the square root, and the momentum buffer holds
+``g / a_t``: the *current* learning rate multiplies the whole buffer, as in
+torch (optax applies momentum after the learning rate).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from . import _validate
+from ._math import lerp
+from ._rule import Rule, is_zero, transform
+
+
+class RMSpropState(NamedTuple):
+    step: Any
+    square_avg: Any
+    momentum_buffer: Any  # None without momentum
+    grad_avg: Any  # None unless centered
+
+
+def _validate_rmsprop(o: dict) -> None:
+    _validate.common(o, "RMSprop")
+    _validate.non_negative(o["eps"], "epsilon value")
+    _validate.non_negative(o["momentum"], "momentum value")
+    _validate.non_negative(o["weight_decay"], "weight_decay value")
+    _validate.non_negative(o["alpha"], "alpha value")
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    hyper = {
+        "lr": o["lr"],
+        "alpha": o["alpha"],
+        "eps": o["eps"],
+        "weight_decay": o["weight_decay"],
+        "momentum": o["momentum"],
+    }
+    flags = {
+        "use_momentum": not is_zero(o["momentum"]),
+        "use_weight_decay": not is_zero(o["weight_decay"]),
+        "centered": bool(o["centered"]),
+        "maximize": bool(o["maximize"]),
+    }
+    return hyper, flags
+
+
+def _init(param, hyper, *, use_momentum, centered, **_) -> RMSpropState:
+    zeros = jnp.zeros_like(param)
+    return RMSpropState(
+        step=jnp.zeros((), jnp.float32),
+        square_avg=zeros,
+        momentum_buffer=zeros if use_momentum else None,
+        grad_avg=zeros if centered else None,
+    )
+
+
+def _update(param, grad, state, h, *, use_momentum, use_weight_decay, centered, maximize):
+    g = -grad if maximize else grad
+    if use_weight_decay:
+        g = g + h["weight_decay"] * param
+    square_avg = state.square_avg * h["alpha"] + h["one_minus_alpha"] * g * g
+    grad_avg = None
+    if centered:
+        grad_avg = lerp(state.grad_avg, g, h["one_minus_alpha"])
+        avg = jnp.sqrt(square_avg - grad_avg * grad_avg) + h["eps"]
+    else:
+        avg = jnp.sqrt(square_avg) + h["eps"]
+    buf = None
+    if use_momentum:
+        buf = state.momentum_buffer * h["momentum"] + g / avg
+        new_param = param + (-h["lr"]) * buf
+    else:
+        new_param = param + (-h["lr"]) * g / avg
+    return new_param, RMSpropState(state.step + 1, square_avg, buf, grad_avg)
+
+
+RMSPROP = Rule(
+    name="RMSprop",
+    state=RMSpropState,
+    validate=_validate_rmsprop,
+    split=_split,
+    init=_init,
+    update=_update,
+    complements=("alpha",),
+)
+
+
+def rmsprop(
+    lr: Any = 1e-2,
+    alpha: Any = 0.99,
+    eps: Any = 1e-8,
+    weight_decay: Any = 0,
+    momentum: Any = 0,
+    centered: bool = False,
+    capturable: bool = False,
+    foreach: bool | None = None,
+    maximize: bool = False,
+    differentiable: bool = False,
+) -> optax.GradientTransformation:
+    """``torch.optim.RMSprop`` as an optax transformation.
+
+    Args mirror torch's (none of them keyword-only, as in torch);
+    ``capturable`` and ``foreach`` are accepted and ignored. A momentum given
+    as an array or schedule always keeps a buffer (torch decides by
+    ``momentum > 0``, which a traced value cannot answer).
+    """
+    return transform(RMSPROP, locals())

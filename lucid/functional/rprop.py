@@ -1,0 +1,102 @@
+"""Resilient backpropagation (``torch.optim.Rprop``).
+
+With ``g`` the gradient (negated when ``maximize``), ``g'`` the stored
+previous gradient, :math:`\\eta^-, \\eta^+` the ``etas`` and
+:math:`[\\Delta_{min}, \\Delta_{max}]` the ``step_sizes``:
+
+.. math::
+
+    s &= \\operatorname{sign}(g\\, g'), \\qquad
+    f = \\eta^+ \\text{ if } s > 0,\\ \\eta^- \\text{ if } s < 0,\\ 1 \\text{ if } s = 0 \\\\
+    \\Delta &\\leftarrow \\operatorname{clamp}(\\Delta f, \\Delta_{min}, \\Delta_{max}) \\\\
+    g &\\leftarrow 0 \\text{ where } f = \\eta^- \\\\
+    p &\\leftarrow p - \\operatorname{sign}(g)\\, \\Delta, \\qquad g' \\leftarrow g
+
+The per-element step size ``step_size`` starts as ``lr`` everywhere (``lr``
+has no effect after that), and where the gradient changed sign the *zeroed*
+gradient is what is stored as ``prev``, as in torch. (``optax.rprop`` differs:
+it returns the previous step's update.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from . import _validate
+from ._rule import Rule, is_number, transform
+
+
+class RpropState(NamedTuple):
+    step: Any
+    prev: Any
+    step_size: Any
+
+
+def _validate_rprop(o: dict) -> None:
+    _validate.common(o, "Rprop")
+    _validate.pair(o["etas"], "etas")
+    _validate.pair(o["step_sizes"], "step_sizes")
+    etaminus, etaplus = o["etas"]
+    if is_number(etaminus) and is_number(etaplus) and not 0.0 < etaminus < 1.0 < etaplus:
+        raise ValueError(f"Invalid eta values: {etaminus}, {etaplus}")
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    etaminus, etaplus = o["etas"]
+    step_size_min, step_size_max = o["step_sizes"]
+    hyper = {
+        "lr": o["lr"],
+        "etaminus": etaminus,
+        "etaplus": etaplus,
+        "step_size_min": step_size_min,
+        "step_size_max": step_size_max,
+    }
+    return hyper, {"maximize": bool(o["maximize"])}
+
+
+def _init(param, hyper, **_) -> RpropState:
+    return RpropState(
+        step=jnp.zeros((), jnp.float32),
+        prev=jnp.zeros_like(param),
+        step_size=jnp.full_like(param, hyper["lr"]),
+    )
+
+
+def _update(param, grad, state, h, *, maximize):
+    g = -grad if maximize else grad
+    sign = jnp.sign(g * state.prev)
+    factor = jnp.where(
+        sign > 0, h["etaplus"], jnp.where(sign < 0, h["etaminus"], jnp.where(sign == 0, 1, sign))
+    )
+    step_size = jnp.clip(state.step_size * factor, h["step_size_min"], h["step_size_max"])
+    g = jnp.where(factor == h["etaminus"], 0, g)
+    new_param = param - jnp.sign(g) * step_size
+    return new_param, RpropState(state.step + 1, g, step_size)
+
+
+RPROP = Rule(
+    name="Rprop",
+    state=RpropState,
+    validate=_validate_rprop,
+    split=_split,
+    init=_init,
+    update=_update,
+)
+
+
+def rprop(
+    lr: Any = 1e-2,
+    etas: tuple[Any, Any] = (0.5, 1.2),
+    step_sizes: tuple[Any, Any] = (1e-6, 50),
+    *,
+    capturable: bool = False,
+    foreach: bool | None = None,
+    maximize: bool = False,
+    differentiable: bool = False,
+) -> optax.GradientTransformation:
+    """``torch.optim.Rprop`` as an optax transformation (``foreach`` and
+    ``capturable`` are accepted and ignored)."""
+    return transform(RPROP, locals())
