@@ -1,0 +1,112 @@
+"""L-BFGS as a closure-less transform: one per-element Barzilai-Borwein step.
+
+torch's ``LBFGS.step(closure)`` re-evaluates the loss up to ``max_iter`` times
+per call; an optax transform sees one gradient per update and cannot. The
+transform is therefore the closure-less single step of DESIGN.md: with ``P``
+and ``G`` the parameters and gradient of the previous update (zeros at first),
+
+.. math::
+
+    s &= p - P, \\qquad y = g - G, \\qquad
+    \\alpha = \\operatorname{clip}\\!\\left(\\frac{|s|}{|y| + 10^{-10}},\\, 0,\\, 10\\right) \\\\
+    d &= -g \\text{ on the first update,} \\quad d = -\\alpha\\, g \\text{ afterwards} \\\\
+    p &\\leftarrow p + \\gamma\\, d, \\qquad P, G \\leftarrow p, g \\text{ (before the update)}
+
+``alpha`` is the elementwise secant estimate of the inverse curvature.
+The full algorithm (closure, ``max_iter`` inner iterations, two-loop
+recursion over ``history_size`` pairs, optional strong-Wolfe line search)
+is ``lucid.optim.LBFGS``, which matches torch's iterates. This transform
+accepts ``max_iter``, ``max_eval``, ``tolerance_grad``, ``tolerance_change``
+and ``history_size`` for a drop-in signature and ignores them.
+
+State: ``step`` (updates done), ``prev_param`` (``P``) and ``prev_grad``
+(``G``). torch's LBFGS state has no per-element counterpart of ``P`` (its
+``prev_flat_grad`` is the flattened ``G`` of the full algorithm), so the names
+say what the fields hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from . import _validate
+from ._rule import Rule, transform
+
+# DESIGN.md's constants: the denominator's guard and the largest step multiplier.
+CURVATURE_EPS = 1e-10
+MAX_ALPHA = 10.0
+
+LINE_SEARCH_FNS = (None, "strong_wolfe")
+
+
+class LBFGSState(NamedTuple):
+    step: Any
+    prev_param: Any
+    prev_grad: Any
+
+
+def validate_lbfgs(o: dict) -> None:
+    """torch's checks: ``Invalid learning rate: -1`` (``0 <= lr``), and
+    ``line_search_fn`` None or ``'strong_wolfe'``.
+
+    torch's constructor stores any ``line_search_fn`` and raises
+    ``RuntimeError("only 'strong_wolfe' is supported")`` at the first
+    ``step``; a transform never runs a line search, so the same condition is
+    checked here, at construction, as a ``ValueError``.
+    """
+    _validate.lr(o["lr"])
+    if o["line_search_fn"] not in LINE_SEARCH_FNS:
+        raise ValueError(
+            f"Invalid line_search_fn: {o['line_search_fn']!r}: only 'strong_wolfe' is supported"
+        )
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    return {"lr": o["lr"]}, {}
+
+
+def _init(param, hyper) -> LBFGSState:
+    zeros = jnp.zeros_like(param)
+    return LBFGSState(step=jnp.zeros((), jnp.float32), prev_param=zeros, prev_grad=zeros)
+
+
+def _update(param, grad, state, h):
+    s = param - state.prev_param
+    y = grad - state.prev_grad
+    ratio = jnp.abs(s) / (jnp.abs(y) + CURVATURE_EPS)
+    # bounds as arrays of the compute dtype: Python floats would enter jnp.clip's jit as
+    # float64 scalars when x64 is on
+    alpha = jnp.clip(ratio, jnp.zeros((), ratio.dtype), jnp.asarray(MAX_ALPHA, ratio.dtype))
+    direction = jnp.where(state.step == 0, -grad, -alpha * grad)
+    new_param = param + h["lr"] * direction
+    return new_param, LBFGSState(step=state.step + 1, prev_param=param, prev_grad=grad)
+
+
+LBFGS = Rule(
+    name="LBFGS",
+    state=LBFGSState,
+    validate=validate_lbfgs,
+    split=_split,
+    init=_init,
+    update=_update,
+)
+
+
+def lbfgs(
+    lr: Any = 1,
+    max_iter: int = 20,
+    max_eval: int | None = None,
+    tolerance_grad: float = 1e-7,
+    tolerance_change: float = 1e-9,
+    history_size: int = 100,
+    line_search_fn: str | None = None,
+) -> optax.GradientTransformation:
+    """``torch.optim.LBFGS``'s signature; the update is the per-element
+    Barzilai-Borwein step above. ``max_iter``, ``max_eval``, ``tolerance_grad``,
+    ``tolerance_change`` and ``history_size`` belong to the full algorithm
+    (``lucid.optim.LBFGS``) and are ignored here; ``line_search_fn`` is
+    validated and otherwise ignored."""
+    return transform(LBFGS, locals())

@@ -1,0 +1,185 @@
+"""SparseAdam: Adam with lazy moments (``torch.optim.SparseAdam``).
+
+Only the gradient's *present* entries change: the stored indices of a
+``jax.experimental.sparse.BCOO`` gradient (duplicates summed, as torch's
+``coalesce`` does), or the nonzero entries of a dense gradient. With ``g`` the
+gradient (negated when ``maximize``), ``t`` the parameter's step counter and
+``present`` that mask:
+
+.. math::
+
+    m &\\leftarrow m + (1-\\beta_1)(g - m), \\qquad
+    v \\leftarrow v + (1-\\beta_2)(g^2 - v) \\\\
+    p &\\leftarrow p - \\gamma\\,\\frac{\\sqrt{1-\\beta_2^t}}{1-\\beta_1^t}\\,
+        \\frac{m}{\\sqrt{v} + \\epsilon}
+    \\qquad\\text{(all three where present; unchanged elsewhere)}
+
+Unlike Adam, ``eps`` is added to the *uncorrected* ``sqrt(v)``, and the bias
+corrections use the parameter's own step counter, which counts every update
+of the parameter, also one whose gradient has no present entry (torch counts
+it before it skips an empty gradient). torch keeps that counter as a Python
+int; here it is a float32 0-d array like every other rule's ``step``.
+
+A BCOO gradient is handled in O(nnz): param, ``exp_avg`` and ``exp_avg_sq`` are
+gathered at the stored indices, updated by the same elementwise rule and
+scattered back; padding and out-of-bounds indices (``sum_duplicates`` under
+``jax.jit`` pads with the shape as index) are dropped. The update handed to
+optax is dense.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from . import _validate
+from ._math import one_minus_pow
+from ._rule import Rule, transform
+
+Array = jax.Array
+
+
+class SparseAdamState(NamedTuple):
+    step: Any
+    exp_avg: Any
+    exp_avg_sq: Any
+
+
+def _validate_sparse_adam(o: dict) -> None:
+    """torch's constructor checks, in its order: ``0 < lr``, ``0 < eps``, betas in [0, 1)."""
+    _validate.positive(o["lr"], "learning rate")
+    _validate.positive(o["eps"], "epsilon value")
+    _validate.betas(o["betas"])
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    beta1, beta2 = o["betas"]
+    hyper = {"lr": o["lr"], "beta1": beta1, "beta2": beta2, "eps": o["eps"]}
+    return hyper, {"maximize": bool(o["maximize"])}
+
+
+def _init(param, hyper, **_) -> SparseAdamState:
+    if jnp.iscomplexobj(param):
+        raise ValueError("SparseAdam does not support complex parameters")
+    zeros = jnp.zeros_like(param)
+    return SparseAdamState(step=jnp.zeros((), jnp.float32), exp_avg=zeros, exp_avg_sq=zeros)
+
+
+def lazy_adam(
+    param: Array, grad: Array, present: Array, state: SparseAdamState, h: dict, *, maximize: bool
+) -> tuple[Array, SparseAdamState]:
+    """torch's SparseAdam arithmetic, elementwise, applied where ``present``.
+
+    Order of operations as ``torch.optim._functional.sparse_adam``:
+    ``exp_avg += (g - exp_avg) * (1 - beta1)``, the same for ``exp_avg_sq`` with
+    ``g*g``, then ``param += -step_size * (exp_avg / (sqrt(exp_avg_sq) + eps))``.
+    ``state.step`` is the counter before this update; it is incremented here.
+    """
+    step = state.step + 1
+    t = step.astype(param.dtype)
+    g = -grad if maximize else grad
+    exp_avg = state.exp_avg + (g - state.exp_avg) * h["one_minus_beta1"]
+    exp_avg_sq = state.exp_avg_sq + (g * g - state.exp_avg_sq) * h["one_minus_beta2"]
+    denom = jnp.sqrt(exp_avg_sq) + h["eps"]
+    bias_correction1 = one_minus_pow(h["one_minus_beta1"], t)
+    bias_correction2 = one_minus_pow(h["one_minus_beta2"], t)
+    step_size = h["lr"] * jnp.sqrt(bias_correction2) / bias_correction1
+    new_param = param + (-step_size) * (exp_avg / denom)
+    return jnp.where(present, new_param, param), SparseAdamState(
+        step=step,
+        exp_avg=jnp.where(present, exp_avg, state.exp_avg),
+        exp_avg_sq=jnp.where(present, exp_avg_sq, state.exp_avg_sq),
+    )
+
+
+def _update(param, grad, state, h, *, maximize):
+    """Dense gradient: its nonzero entries are the present ones."""
+    return lazy_adam(param, grad, grad != 0, state, h, maximize=maximize)
+
+
+def _update_sparse(param, grad, state, h, *, maximize):
+    """BCOO gradient: the rule at its stored indices only (gather, update, scatter).
+
+    Compiled as one function even when called eagerly: op by op, the sorting and
+    de-duplication of the indices would dispatch (and compile) dozens of small ops.
+    """
+    from jax.experimental import sparse  # only reached with a sparse gradient: already imported
+
+    if not isinstance(grad, sparse.BCOO):
+        raise TypeError(
+            f"lucid.functional.sparse_adam takes dense or BCOO gradients, got {type(grad).__name__}"
+        )
+    return _update_bcoo(param, grad, state, h, maximize=maximize)
+
+
+@functools.partial(jax.jit, static_argnames=("maximize",))
+def _update_bcoo(param, grad, state, h, *, maximize):
+    from jax.experimental import sparse
+
+    if grad.n_batch:
+        grad = sparse.bcoo_update_layout(grad, n_batch=0)
+    if grad.nse == 0:  # torch skips an empty gradient but still counts the step
+        return param, state._replace(step=state.step + 1)
+    if grad.n_sparse == 0:  # every entry stored: the summed values are a dense gradient
+        dense = grad.data.astype(param.dtype).sum(0)
+        return lazy_adam(param, dense, jnp.ones(param.shape, bool), state, h, maximize=maximize)
+
+    grad = sparse.bcoo_sum_duplicates(grad, nse=grad.nse)
+    values = grad.data.astype(param.dtype)
+    indices = grad.indices  # (nse, n_sparse), unique after sum_duplicates
+    bounds = jnp.asarray(param.shape[: grad.n_sparse], indices.dtype)
+    valid = jnp.all((indices >= 0) & (indices < bounds), axis=-1)  # padding is out of bounds
+    gather_at = tuple(jnp.where(valid, indices[:, k], 0) for k in range(grad.n_sparse))
+    scatter_at = tuple(
+        jnp.where(valid, indices[:, k], param.shape[k]) for k in range(grad.n_sparse)
+    )
+    present = valid.reshape(valid.shape + (1,) * grad.n_dense)
+
+    new_values, new_state = lazy_adam(
+        param[gather_at],
+        values,
+        present,
+        SparseAdamState(state.step, state.exp_avg[gather_at], state.exp_avg_sq[gather_at]),
+        h,
+        maximize=maximize,
+    )
+
+    def scatter(dense: Array, new: Array) -> Array:
+        return dense.at[scatter_at].set(new, mode="drop")
+
+    return scatter(param, new_values), SparseAdamState(
+        step=new_state.step,
+        exp_avg=scatter(state.exp_avg, new_state.exp_avg),
+        exp_avg_sq=scatter(state.exp_avg_sq, new_state.exp_avg_sq),
+    )
+
+
+SPARSE_ADAM = Rule(
+    name="SparseAdam",
+    state=SparseAdamState,
+    validate=_validate_sparse_adam,
+    split=_split,
+    init=_init,
+    update=_update,
+    complements=("beta1", "beta2"),
+    sparse_update=_update_sparse,
+)
+
+
+def sparse_adam(
+    lr: Any = 1e-3,
+    betas: tuple[Any, Any] = (0.9, 0.999),
+    eps: Any = 1e-8,
+    maximize: bool = False,
+) -> optax.GradientTransformation:
+    """``torch.optim.SparseAdam`` as an optax transformation.
+
+    Gradients may be dense arrays (present entries: the nonzeros) or
+    ``jax.experimental.sparse.BCOO`` arrays (present entries: the stored
+    indices), mixed freely within one gradient tree.
+    """
+    return transform(SPARSE_ADAM, locals())
