@@ -1,0 +1,55 @@
+"""torch.optim.lr_scheduler as step-indexed functions: ``make(...)(count) -> lr``.
+
+Each schedule's value at ``count`` is the lr torch's scheduler shows after
+``count`` calls of ``step()`` (``count = 0``: right after construction), so
+it can be passed as ``lr`` to a functional optimizer, whose transforms
+evaluate it at the number of updates done so far. Every schedule traces under
+``jax.jit`` with an integer array count and computes in the default float
+dtype (float32, or float64 with x64 enabled).
+
+The formulas are shared with ``lucid.optim.lr_scheduler``: each module writes
+a schedule's math once as ``<name>_at(t, ..., ops)``, evaluated here with jax
+arrays and there with Python floats (see ``_ops``).
+"""
+
+from ._core import Schedule
+from .composite import chained, sequential
+from .cosine import cosine_annealing_lr, cosine_annealing_warm_restarts
+from .cyclic import cyclic_lr, cyclic_momentum
+from .decay import (
+    constant_lr,
+    exponential_lr,
+    lambda_lr,
+    linear_lr,
+    multi_step_lr,
+    multiplicative_lr,
+    polynomial_lr,
+    step_lr,
+)
+from .one_cycle import one_cycle_lr, one_cycle_momentum
+from .plateau import Plateau, PlateauState, reduce_lr_on_plateau
+from .warmup import noam
+
+__all__ = [
+    "Plateau",
+    "PlateauState",
+    "Schedule",
+    "chained",
+    "constant_lr",
+    "cosine_annealing_lr",
+    "cosine_annealing_warm_restarts",
+    "cyclic_lr",
+    "cyclic_momentum",
+    "exponential_lr",
+    "lambda_lr",
+    "linear_lr",
+    "multi_step_lr",
+    "multiplicative_lr",
+    "noam",
+    "one_cycle_lr",
+    "one_cycle_momentum",
+    "polynomial_lr",
+    "reduce_lr_on_plateau",
+    "sequential",
+    "step_lr",
+]

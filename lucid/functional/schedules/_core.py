@@ -1,0 +1,34 @@
+"""What a functional schedule is: ``count -> lr``, built from a formula ``(t, ops) -> lr``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._ops import ArrayOps, default_float_dtype
+
+Schedule = Callable[[Any], jax.Array]
+Formula = Callable[[jax.Array, ArrayOps], Any]
+
+
+def from_formula(formula: Formula, name: str) -> Schedule:
+    """The schedule ``count -> formula(count, ArrayOps(dtype))``.
+
+    ``count`` is the number of scheduler steps taken (a Python int or an
+    integer array, traced or not). The result is a 0-d array (or the count's
+    shape) in the default float dtype, float64 when x64 is enabled and
+    float32 otherwise, decided when the schedule is traced. An array of
+    counts gives an array of learning rates.
+    """
+
+    def schedule(count: Any) -> jax.Array:
+        ops = ArrayOps(default_float_dtype())
+        count = jnp.asarray(count)
+        lr = jnp.asarray(formula(count, ops)).astype(ops.dtype)
+        return jnp.broadcast_to(lr, count.shape)
+
+    schedule.__name__ = schedule.__qualname__ = name
+    return schedule

@@ -1,0 +1,38 @@
+"""Warm-up schedules: the Noam schedule (Vaswani et al., 2017); torch has no counterpart.
+
+.. math::  lr(t) = f \\cdot d_{model}^{-1/2} \\min(k^{-1/2},\\; k \\cdot w^{-3/2}),
+           \\qquad k = \\max(1, t)
+
+a linear warm-up over ``w = warmup_steps`` steps followed by inverse
+square-root decay. The value is absolute: the optimizer's own lr is not a
+factor, and every parameter group gets the same lr.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._core import Schedule, from_formula
+from ._ops import PYTHON, Scalar
+
+
+def validate_noam(d_model: Any, warmup_steps: Any) -> None:
+    if isinstance(d_model, bool) or not d_model > 0:
+        raise ValueError(f"Expected positive d_model, but got {d_model}")
+    if isinstance(warmup_steps, bool) or not warmup_steps > 0:
+        raise ValueError(f"Expected positive warmup_steps, but got {warmup_steps}")
+
+
+def noam_at(
+    t: Any, d_model: float, warmup_steps: float, factor: float, ops: Any = PYTHON
+) -> Scalar:
+    k = ops.to_float(ops.maximum(1, t))
+    scale = factor * d_model**-0.5  # on the host, in double
+    return scale * ops.minimum(ops.power(k, -0.5), k * warmup_steps**-1.5)
+
+
+def noam(d_model: int, warmup_steps: int, factor: float = 1.0) -> Schedule:
+    """``count -> factor * d_model**-0.5 * min(k**-0.5, k * warmup_steps**-1.5)``,
+    with ``k = max(1, count)``."""
+    validate_noam(d_model, warmup_steps)
+    return from_formula(lambda t, ops: noam_at(t, d_model, warmup_steps, factor, ops), "noam")

@@ -1,0 +1,172 @@
+"""LRScheduler: torch's scheduler bookkeeping over any object with ``param_groups``.
+
+A scheduler works on any optimizer-like object whose ``param_groups`` is a
+list of dicts holding ``'lr'`` (and ``'momentum'`` or ``'betas'`` for the
+cycling schedulers). Learning rates are Python floats, computed as torch
+computes them, so sequences agree with torch's to rounding.
+
+torch's protocol, kept here attribute for attribute (so ``state_dict()``
+has torch's keys and checkpoints move both ways):
+
+* construction with ``last_epoch=-1`` writes ``initial_lr`` into every group
+  with ``setdefault`` (a second scheduler keeps the first one's) and records
+  ``base_lrs`` from it; with ``last_epoch >= 0`` every group must already
+  hold ``initial_lr`` (``KeyError`` otherwise);
+* construction takes one step (``last_epoch`` -1 -> 0) in *initial mode*,
+  in which most recursive schedules leave the lr as it is;
+* ``step()`` increments ``last_epoch`` and writes ``get_lr()`` into the
+  groups; ``step(epoch)`` (deprecated in torch, warns) sets ``last_epoch``
+  and uses the closed form where the class has one;
+* ``get_last_lr()`` returns the lrs the last step wrote.
+
+Not reproduced: torch wraps ``optimizer.step`` to warn when the scheduler is
+stepped before the optimizer.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+EPOCH_DEPRECATION_WARNING = (
+    "The epoch parameter in `scheduler.step()` was not necessary and is being "
+    "deprecated where possible. Please use `scheduler.step()` to step the "
+    "scheduler. During the deprecation, if epoch is different from None, the "
+    "closed form is used instead of the new chainable form, where available."
+)
+
+
+def check_optimizer(optimizer: Any) -> None:
+    """torch's ``TypeError`` for something that is not an optimizer (here: has no
+    ``param_groups``)."""
+    if not hasattr(optimizer, "param_groups"):
+        raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
+
+
+def per_group(name: str, optimizer: Any, value: Any) -> list[Any]:
+    """One value per group: a list/tuple must match the groups (torch's wording)."""
+    groups = optimizer.param_groups
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(groups):
+            raise ValueError(
+                f"{name} must have the same length as optimizer.param_groups. "
+                f"{name} has {len(value)} values, param_groups has {len(groups)}."
+            )
+        return list(value)
+    return [value] * len(groups)
+
+
+def group_values(optimizer: Any, key: str) -> list[Any]:
+    return [group[key] for group in optimizer.param_groups]
+
+
+def uses_beta1(optimizer: Any) -> bool:
+    """Whether momentum cycling writes ``betas[0]`` (True) or ``momentum`` (False).
+
+    torch looks at ``optimizer.defaults``; an object without ``defaults`` is
+    judged by its first parameter group.
+    """
+    keys = getattr(optimizer, "defaults", None)
+    if keys is None:
+        keys = optimizer.param_groups[0] if optimizer.param_groups else {}
+    if "momentum" not in keys and "betas" not in keys:
+        raise ValueError(
+            "optimizer must support momentum or beta1 with `cycle_momentum` option enabled"
+        )
+    return "betas" in keys
+
+
+def set_momentum(group: dict, value: float, use_beta1: bool) -> None:
+    if use_beta1:
+        group["betas"] = (value, *group["betas"][1:])
+    else:
+        group["momentum"] = value
+
+
+class LRScheduler:
+    """Base class with torch.optim.lr_scheduler.LRScheduler's protocol."""
+
+    _get_lr_called_within_step: bool = False
+    _is_initial: bool = False
+
+    def __init__(self, optimizer: Any, last_epoch: int = -1) -> None:
+        check_optimizer(optimizer)
+        self.optimizer = optimizer
+        if last_epoch == -1:
+            for group in optimizer.param_groups:
+                group.setdefault("initial_lr", group["lr"])
+        else:
+            for i, group in enumerate(optimizer.param_groups):
+                if "initial_lr" not in group:
+                    raise KeyError(
+                        f"param 'initial_lr' is not specified in param_groups[{i}] when "
+                        "resuming scheduler with last_epoch >= 0.\n"
+                        "This typically happens when:\n"
+                        "1. You're trying to resume training from a checkpoint but haven't "
+                        "properly loaded the optimizer state\n"
+                        "2. You're using last_epoch >= 0 for a fresh training run (not recommended)"
+                    )
+        self.base_lrs: list[Any] = group_values(optimizer, "initial_lr")
+        self.last_epoch = last_epoch
+        self._initial_step()
+
+    def _initial_step(self) -> None:
+        """The step every constructor takes, in initial mode."""
+        self._step_count = 0
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every attribute but the optimizer (torch's format and keys)."""
+        return {key: value for key, value in self.__dict__.items() if key != "optimizer"}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.__dict__.update(state_dict)
+
+    def get_last_lr(self) -> list[Any]:
+        """The learning rates the last step wrote, one per group."""
+        return self._last_lr
+
+    def get_lr(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _warn_if_called_directly(self) -> None:
+        if not self._get_lr_called_within_step:
+            warnings.warn(
+                "To get the last learning rate computed by the scheduler, "
+                "please use `get_last_lr()`.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def step(self, epoch: int | None = None) -> None:
+        self._step_count += 1
+        if epoch is not None:
+            warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
+        self._update_lr(epoch)
+
+    def _update_lr(self, epoch: int | None = None) -> None:
+        self._get_lr_called_within_step = True
+        try:
+            if epoch is None:
+                self.last_epoch += 1
+                values = self.get_lr()
+            else:
+                self.last_epoch = epoch
+                closed_form = getattr(self, "_get_closed_form_lr", None)
+                values = closed_form() if closed_form is not None else self.get_lr()
+        finally:
+            self._get_lr_called_within_step = False
+        self._write_lrs(values)
+
+    def _write_lrs(self, values: Sequence[Any]) -> None:
+        for group, lr in zip(self.optimizer.param_groups, values, strict=True):
+            group["lr"] = lr
+        self._last_lr = group_values(self.optimizer, "lr")
+
+    def _current_lrs(self) -> list[Any]:
+        return group_values(self.optimizer, "lr")
