@@ -2,6 +2,7 @@
 
 from . import functional, optim
 from ._parameter import Parameter, backward
+from .optim import compile_optimizer, fused_step
 
-__all__ = ["Parameter", "backward", "functional", "optim"]
+__all__ = ["Parameter", "backward", "compile_optimizer", "functional", "fused_step", "optim"]
 __version__ = "0.1.0"

@@ -76,8 +76,17 @@ def functional(name: str):
 def snake(name: str) -> str:
     """torch class name -> lucid.functional name."""
     return {
-        "SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "RMSprop": "rmsprop",
-        "Adagrad": "adagrad", "Adadelta": "adadelta", "Adamax": "adamax", "RAdam": "radam",
-        "NAdam": "nadam", "ASGD": "asgd", "Rprop": "rprop", "SparseAdam": "sparse_adam",
+        "SGD": "sgd",
+        "Adam": "adam",
+        "AdamW": "adamw",
+        "RMSprop": "rmsprop",
+        "Adagrad": "adagrad",
+        "Adadelta": "adadelta",
+        "Adamax": "adamax",
+        "RAdam": "radam",
+        "NAdam": "nadam",
+        "ASGD": "asgd",
+        "Rprop": "rprop",
+        "SparseAdam": "sparse_adam",
         "LBFGS": "lbfgs",
     }[name]

@@ -92,7 +92,9 @@ def run_torch(
     tdtype = TORCH_DTYPE[dtype]
     loss = loss or losses(options)[1]
     with torch_default_dtype(tdtype if dtype == "float64" else torch.float32):
-        params = {k: torch.tensor(v, dtype=tdtype, requires_grad=True) for k, v in sorted(init.items())}
+        params = {
+            k: torch.tensor(v, dtype=tdtype, requires_grad=True) for k, v in sorted(init.items())
+        }
         opt = cls(list(params.values()), **options)
         for _ in range(steps):
             opt.zero_grad()
@@ -146,14 +148,20 @@ def run_shell(
     dtype: str,
     steps: int = STEPS,
     loss: Callable | None = None,
+    compile_at: int | None = None,
 ) -> tuple[dict[str, np.ndarray], Any]:
-    """``steps`` steps of the lucid.optim class ``cls``; final params and the optimizer."""
+    """``steps`` steps of the lucid.optim class ``cls``; final params and the optimizer.
+
+    With ``compile_at`` the optimizer is compiled before that step (0: from the
+    start; later: the compiled step adopts the state eager steps built)."""
     import lucid
 
     loss = loss or losses(options)[0]
     params = {k: lucid.Parameter(jnp.asarray(v, dtype)) for k, v in sorted(init.items())}
     opt = cls(list(params.values()), **options)
-    for _ in range(steps):
+    for step in range(steps):
+        if step == compile_at:
+            lucid.compile_optimizer(opt)
         opt.zero_grad()
         lucid.backward(loss, params)
         opt.step()

@@ -9,11 +9,9 @@ torch), so a wrong rule cannot hide behind a generous constant.
 from __future__ import annotations
 
 import chex
-import jax
 import numpy as np
 import pytest
 import torch
-
 from cases import CASES, case_id, functional
 from oracle import (
     F32_RTOL_FLOOR,
@@ -70,7 +68,7 @@ def test_float32_matches_torch_within_its_own_rounding_drift(case):
     cls = getattr(torch.optim, name)
     exact, _ = run_torch(cls, options, init, "float64")
     expected, _ = run_torch(cls, options, init, "float32")
-    actual, state = run_lucid(_transform(name, options), init, "float32", loss=losses(options)[0])
+    actual, _ = run_lucid(_transform(name, options), init, "float32", loss=losses(options)[0])
     for key in expected:
         assert actual[key].dtype == np.float32
         drift = relative_error(expected[key], exact[key])  # torch float32 vs float64

@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
-import lucid
 from cases import functional
 from oracle import count_compiles, loss_jax, loss_torch, problem
+
+import lucid
 
 
 def _lucid_params(init, dtype="float64"):
@@ -92,9 +92,7 @@ def test_backward_accumulates_until_zero_grad_like_torch():
         lucid.backward(loss_jax, params)
         loss_torch(tparams).backward()
     for k in init:
-        chex.assert_trees_all_close(
-            np.asarray(params[k].grad), tparams[k].grad.numpy(), rtol=1e-12
-        )
+        chex.assert_trees_all_close(np.asarray(params[k].grad), tparams[k].grad.numpy(), rtol=1e-12)
     opt = lucid.optim.SGD(list(params.values()))
     opt.zero_grad(set_to_none=False)
     assert all(float(jnp.abs(p.grad).max()) == 0.0 for p in params.values())
@@ -124,11 +122,13 @@ def test_param_groups_have_torchs_keys_and_per_group_values():
     params, tparams = _lucid_params(init), _torch_params(init)
     opt = lucid.optim.Adam(
         [{"params": [params["w"]], "lr": 0.05, "betas": (0.5, 0.9)}, {"params": [params["b"]]}],
-        lr=0.01, weight_decay=0.1,
+        lr=0.01,
+        weight_decay=0.1,
     )
     topt = torch.optim.Adam(
         [{"params": [tparams["w"]], "lr": 0.05, "betas": (0.5, 0.9)}, {"params": [tparams["b"]]}],
-        lr=0.01, weight_decay=0.1,
+        lr=0.01,
+        weight_decay=0.1,
     )
     assert [set(g) for g in opt.param_groups] == [set(g) for g in topt.param_groups]
     for _ in range(20):
@@ -164,6 +164,7 @@ def test_none_grads_are_skipped_and_get_no_state():
     params, tparams = _lucid_params(init), _torch_params(init)
     opt = lucid.optim.Adam(list(params.values()), lr=0.01)
     topt = torch.optim.Adam(list(tparams.values()), lr=0.01)
+
     def loss_w_jax(p):
         return loss_jax({"w": p["w"], "b": jnp.zeros(3)})
 
@@ -228,17 +229,19 @@ def test_hand_edited_hyperparameters_take_effect_without_recompiling():
 
 def _torch_state_dict_to_lucid_leaves(sd):
     return {
-        "state": {i: {n: torch.as_tensor(v) for n, v in s.items()}
-                  for i, s in sd["state"].items()},
+        "state": {i: {n: torch.as_tensor(v) for n, v in s.items()} for i, s in sd["state"].items()},
         "param_groups": sd["param_groups"],
     }
 
 
-@pytest.mark.parametrize("name,options", [
-    ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
-    ("Adam", {"lr": 0.01, "amsgrad": True, "weight_decay": 0.1}),
-    ("AdamW", {"lr": 0.01}),
-])
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
+        ("Adam", {"lr": 0.01, "amsgrad": True, "weight_decay": 0.1}),
+        ("AdamW", {"lr": 0.01}),
+    ],
+)
 def test_checkpoints_move_both_ways_between_torch_and_lucid(name, options):
     init = problem()
     # torch -> lucid: k torch steps, load into lucid, continue both
@@ -288,7 +291,8 @@ _RESUME_SCRIPT = textwrap.dedent(
     from oracle import loss_jax, problem
 
     mode, path, total, first = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    params = {{k: lucid.Parameter(jnp.asarray(v, jnp.float32)) for k, v in sorted(problem().items())}}
+    params = {{k: lucid.Parameter(jnp.asarray(v, jnp.float32))
+              for k, v in sorted(problem().items())}}
     opt = lucid.optim.Adam(list(params.values()), lr=0.01, amsgrad=True)
     if mode == "resume-pickle":
         with open(path, "rb") as f:
@@ -340,7 +344,9 @@ def test_resume_after_restart_is_bit_identical(tmp_path, fmt):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
     def run(mode, path):
-        subprocess.run([sys.executable, str(script), mode, str(path), "30", "12"], check=True, env=env)
+        subprocess.run(
+            [sys.executable, str(script), mode, str(path), "30", "12"], check=True, env=env
+        )
 
     straight = tmp_path / "straight"
     run("straight", straight)
@@ -387,10 +393,20 @@ def _corrupt(sd, how):
     return sd
 
 
-@pytest.mark.parametrize("how", [
-    "groups", "params", "shape", "missing-state", "unknown-state", "missing-key",
-    "unknown-index", "bad-hyper", "step-shape",
-])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "groups",
+        "params",
+        "shape",
+        "missing-state",
+        "unknown-state",
+        "missing-key",
+        "unknown-index",
+        "bad-hyper",
+        "step-shape",
+    ],
+)
 def test_loading_a_mismatched_state_dict_raises_and_changes_nothing(how):
     params, opt = _stepped_adam()
     sd = opt.state_dict()
@@ -419,18 +435,39 @@ def test_a_bad_gradient_raises_before_any_group_changes():
     _assert_unchanged(before, _snapshot(opt, params))
 
 
-@pytest.mark.parametrize("make,error,match", [
-    (lambda: lucid.optim.SGD([]), ValueError, "empty parameter list"),
-    (lambda: lucid.optim.SGD(lucid.Parameter(jnp.ones(2))), TypeError, "iterable"),
-    (lambda: lucid.optim.SGD([{"params": {lucid.Parameter(jnp.ones(2))}}]), TypeError, "ordered"),
-    (lambda: lucid.optim.SGD([jnp.ones(2)]), TypeError, "lucid.Parameter"),
-    (lambda: lucid.optim.SGD([lucid.Parameter(jnp.ones(2, jnp.int32))]), ValueError, "floating"),
-    (lambda: lucid.optim.Adam([lucid.Parameter(jnp.ones(2))], lr=-1.0), ValueError,
-     "Invalid learning rate: -1.0"),
-    (lambda: lucid.optim.Adam([lucid.Parameter(jnp.ones(2))], momentum=0.9), TypeError, "momentum"),
-    (lambda: lucid.optim.Adam([lucid.Parameter(jnp.ones(2))], differentiable=True), ValueError,
-     "differentiable"),
-])
+@pytest.mark.parametrize(
+    "make,error,match",
+    [
+        (lambda: lucid.optim.SGD([]), ValueError, "empty parameter list"),
+        (lambda: lucid.optim.SGD(lucid.Parameter(jnp.ones(2))), TypeError, "iterable"),
+        (
+            lambda: lucid.optim.SGD([{"params": {lucid.Parameter(jnp.ones(2))}}]),
+            TypeError,
+            "ordered",
+        ),
+        (lambda: lucid.optim.SGD([jnp.ones(2)]), TypeError, "lucid.Parameter"),
+        (
+            lambda: lucid.optim.SGD([lucid.Parameter(jnp.ones(2, jnp.int32))]),
+            ValueError,
+            "floating",
+        ),
+        (
+            lambda: lucid.optim.Adam([lucid.Parameter(jnp.ones(2))], lr=-1.0),
+            ValueError,
+            "Invalid learning rate: -1.0",
+        ),
+        (
+            lambda: lucid.optim.Adam([lucid.Parameter(jnp.ones(2))], momentum=0.9),
+            TypeError,
+            "momentum",
+        ),
+        (
+            lambda: lucid.optim.Adam([lucid.Parameter(jnp.ones(2))], differentiable=True),
+            ValueError,
+            "differentiable",
+        ),
+    ],
+)
 def test_constructor_errors(make, error, match):
     with pytest.raises(error, match=match):
         make()
@@ -441,7 +478,24 @@ def test_differentiable_keyword_fails_identically_for_functional_and_shell():
         lucid.functional.adam(differentiable=True)
 
 
-@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SGD",
+        "Adam",
+        "AdamW",
+        "RMSprop",
+        "Adagrad",
+        "Adadelta",
+        "Adamax",
+        "RAdam",
+        "NAdam",
+        "ASGD",
+        "Rprop",
+        "SparseAdam",
+        "LBFGS",
+    ],
+)
 def test_class_signature_is_the_functional_signature_plus_params(name):
     cls_sig = inspect.signature(getattr(lucid.optim, name).__init__)
     fn_sig = inspect.signature(functional(name))
@@ -451,3 +505,38 @@ def test_class_signature_is_the_functional_signature_plus_params(name):
     ]
     torch_sig = inspect.signature(getattr(torch.optim, name).__init__)
     assert [p.name for p in cls_sig.parameters.values()] == list(torch_sig.parameters)
+
+
+def test_sparse_adam_shell_takes_dense_and_bcoo_grads_like_torch():
+    from jax.experimental import sparse
+
+    rng = np.random.default_rng(3)
+    table = rng.normal(size=(10, 4))
+    batches = [rng.integers(0, 10, size=5) for _ in range(12)]
+    tw = torch.tensor(table, requires_grad=True)
+    topt = torch.optim.SparseAdam([tw], lr=0.05)
+    dense_w = lucid.Parameter(jnp.asarray(table))
+    sparse_w = lucid.Parameter(jnp.asarray(table))
+    dense_opt = lucid.optim.SparseAdam([dense_w], lr=0.05)
+    sparse_opt = lucid.optim.SparseAdam([sparse_w], lr=0.05)
+    target = rng.normal(size=(5, 4))
+    for idx in batches:
+        topt.zero_grad()
+        rows = torch.nn.functional.embedding(torch.as_tensor(idx), tw, sparse=True)
+        torch.sum((rows - torch.as_tensor(target)) ** 2).backward()
+        topt.step()
+        for w, opt in ((dense_w, dense_opt), (sparse_w, sparse_opt)):
+            opt.zero_grad()
+            lucid.backward(lambda t, i: jnp.sum((t[i] - target) ** 2), w, jnp.asarray(idx))
+        sparse_w.grad = sparse.BCOO.fromdense(sparse_w.grad, n_dense=1)
+        dense_opt.step()
+        sparse_opt.step()
+    for w in (dense_w, sparse_w):
+        chex.assert_trees_all_close(w.data, tw.detach().numpy(), rtol=1e-10)
+    sd, tsd = dense_opt.state_dict(), topt.state_dict()
+    assert sd["state"][0]["step"] == tsd["state"][0]["step"] and isinstance(
+        sd["state"][0]["step"], int
+    )
+    chex.assert_trees_all_close(
+        sd["state"][0]["exp_avg_sq"], tsd["state"][0]["exp_avg_sq"].numpy(), rtol=1e-10
+    )

@@ -11,10 +11,10 @@ import chex
 import numpy as np
 import pytest
 import torch
-
-import lucid
 from cases import CASES, case_id
 from oracle import F32_RTOL_FLOOR, F64_RTOL, problem, relative_error, run_shell, run_torch, to_numpy
+
+import lucid
 
 
 def _compare_state_dicts(ours: dict, theirs: dict, rtol: float) -> None:

@@ -1,7 +1,51 @@
-"""Pure, jit-able torch.optim rules as optax transformations, and the schedules."""
+"""Pure, jit-able torch.optim rules as optax transformations, and the schedules.
 
+Every optimizer here is an ``optax.GradientTransformation`` with torch.optim's
+keyword names and defaults; ``schedules`` holds torch's LR schedulers as
+step-indexed functions.
+"""
+
+from . import schedules
 from ._rule import Rule
+from .adadelta import AdadeltaState, adadelta
+from .adagrad import AdagradState, adagrad
 from .adam import AdamState, adam, adamw
+from .adamax import AdamaxState, adamax
+from .asgd import ASGDState, asgd
+from .lbfgs import LBFGSState, lbfgs
+from .nadam import NAdamState, nadam
+from .radam import RAdamState, radam
+from .rmsprop import RMSpropState, rmsprop
+from .rprop import RpropState, rprop
 from .sgd import SGDState, sgd
+from .sparse_adam import SparseAdamState, sparse_adam
 
-__all__ = ["AdamState", "Rule", "SGDState", "adam", "adamw", "sgd"]
+__all__ = [
+    "ASGDState",
+    "AdadeltaState",
+    "AdagradState",
+    "AdamState",
+    "AdamaxState",
+    "LBFGSState",
+    "NAdamState",
+    "RAdamState",
+    "RMSpropState",
+    "RpropState",
+    "Rule",
+    "SGDState",
+    "SparseAdamState",
+    "adadelta",
+    "adagrad",
+    "adam",
+    "adamax",
+    "adamw",
+    "asgd",
+    "lbfgs",
+    "nadam",
+    "radam",
+    "rmsprop",
+    "rprop",
+    "schedules",
+    "sgd",
+    "sparse_adam",
+]

@@ -14,13 +14,13 @@ from ._rule import is_number
 
 def non_negative(value: Any, what: str) -> None:
     """``ValueError(f"Invalid {what}: {value}")`` unless ``0 <= value`` (torch's form)."""
-    if is_number(value) and not 0.0 <= value:
+    if is_number(value) and not value >= 0.0:
         raise ValueError(f"Invalid {what}: {value}")
 
 
 def positive(value: Any, what: str) -> None:
     """``ValueError(f"Invalid {what}: {value}")`` unless ``0 < value``."""
-    if is_number(value) and not 0.0 < value:
+    if is_number(value) and not value > 0.0:
         raise ValueError(f"Invalid {what}: {value}")
 
 

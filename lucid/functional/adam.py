@@ -4,7 +4,8 @@ With ``g`` the gradient (negated when ``maximize``) and ``t`` the step:
 
 .. math::
 
-    g &\\leftarrow g + \\lambda p \\quad\\text{or, decoupled,}\\quad p \\leftarrow p(1 - \\gamma\\lambda) \\\\
+    g &\\leftarrow g + \\lambda p
+        \\quad\\text{or, decoupled,}\\quad p \\leftarrow p(1 - \\gamma\\lambda) \\\\
     m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g, \\qquad
     v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g^2 \\\\
     \\hat v_t &= \\max(\\hat v_{t-1}, v_t) \\text{ (amsgrad, on the raw moment)} \\\\
@@ -106,9 +107,7 @@ ADAM = Rule(
     update=_update,
     complements=("beta1", "beta2"),
 )
-ADAMW = dataclasses.replace(
-    ADAM, name="AdamW", validate=lambda o: validate_adam_family(o, "AdamW")
-)
+ADAMW = dataclasses.replace(ADAM, name="AdamW", validate=lambda o: validate_adam_family(o, "AdamW"))
 
 
 def adam(

@@ -1,18 +1,74 @@
 """torch.optim's stateful API over lucid.functional's rules."""
 
+from . import lr_scheduler
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .adamax import Adamax
 from .asgd import ASGD
+from .compile import FusedStep, compile_optimizer, fused_step
+from .lbfgs import LBFGS
+from .lr_scheduler import (
+    ChainedScheduler,
+    ConstantLR,
+    CosineAnnealingLR,
+    CosineAnnealingWarmRestarts,
+    CyclicLR,
+    ExponentialLR,
+    LambdaLR,
+    LinearLR,
+    LRScheduler,
+    MultiplicativeLR,
+    MultiStepLR,
+    NoamScheduler,
+    OneCycleLR,
+    PolynomialLR,
+    ReduceLROnPlateau,
+    SequentialLR,
+    StepLR,
+)
 from .nadam import NAdam
 from .optimizer import Optimizer
 from .radam import RAdam
 from .rmsprop import RMSprop
 from .rprop import Rprop
 from .sgd import SGD
+from .sparse_adam import SparseAdam
 
 __all__ = [
-    "ASGD", "SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "Optimizer",
-    "RAdam", "RMSprop", "Rprop",
+    "ASGD",
+    "LBFGS",
+    "SGD",
+    "Adadelta",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "ChainedScheduler",
+    "ConstantLR",
+    "CosineAnnealingLR",
+    "CosineAnnealingWarmRestarts",
+    "CyclicLR",
+    "ExponentialLR",
+    "FusedStep",
+    "LRScheduler",
+    "LambdaLR",
+    "LinearLR",
+    "MultiStepLR",
+    "MultiplicativeLR",
+    "NAdam",
+    "NoamScheduler",
+    "OneCycleLR",
+    "Optimizer",
+    "PolynomialLR",
+    "RAdam",
+    "RMSprop",
+    "ReduceLROnPlateau",
+    "Rprop",
+    "SequentialLR",
+    "SparseAdam",
+    "StepLR",
+    "compile_optimizer",
+    "fused_step",
+    "lr_scheduler",
 ]

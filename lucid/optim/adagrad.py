@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..functional.adagrad import ADAGRAD
 from .._parameter import Parameter
+from ..functional.adagrad import ADAGRAD
 from .optimizer import Optimizer, ParamsT, options_of
 
 
@@ -37,7 +37,7 @@ class Adagrad(Optimizer):
         super().__init__(params, options_of(locals()))
         for group in self.param_groups:
             for p in group["params"]:
-                self.state[p] = self._state_dict_of(self._initial_state(group, p))
+                self._state[p] = self._state_dict_of(self._initial_state(group, p))
 
     def _initial_state(self, group: Mapping[str, Any], p: Parameter) -> Any:
         return super()._initial_state(

@@ -41,7 +41,7 @@ def to_array(value: Any) -> Any:
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _group_step(rule: Rule, flags: tuple[tuple[str, Any], ...]) -> Callable:
     """One jitted function per (rule, static flags): the rule over a list of parameters."""
     options = dict(flags)
@@ -70,7 +70,7 @@ class Optimizer:
             )
         self.rule.validate(defaults)
         self.defaults = dict(defaults)
-        self.state: dict[Parameter, dict[str, Any]] = {}
+        self._state: dict[Parameter, dict[str, Any]] = {}
         self.param_groups: list[dict[str, Any]] = []
         self._owner: Any = None  # the compiled step that owns this optimizer, once compiled
         groups = list(params)
@@ -93,8 +93,8 @@ class Optimizer:
             params = [params]
         elif isinstance(params, set):
             raise TypeError(
-                "optimizer parameters need to be organized in ordered collections, but "
-                "the ordering of tensors in sets will change between runs. Please use a list instead."
+                "optimizer parameters need to be organized in ordered collections, but the "
+                "ordering of tensors in sets will change between runs. Please use a list instead."
             )
         params = list(params)
         for p in params:
@@ -120,12 +120,25 @@ class Optimizer:
         if self._owner is not None:
             self._owner._structure_changed()
 
+    @property
+    def state(self) -> dict[Parameter, dict[str, Any]]:
+        """Per-parameter state with torch's names (a snapshot once compiled)."""
+        return self._owner.state if self._owner is not None else self._state
+
+    @state.setter
+    def state(self, value: dict[Parameter, dict[str, Any]]) -> None:
+        if self._owner is not None:
+            raise AttributeError("a compiled optimizer's state is set through load_state_dict")
+        self._state = value
+
     def _params(self) -> list[Parameter]:
         return [p for group in self.param_groups for p in group["params"]]
 
     # ------------------------------------------------------------------- step
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient (to ``None`` by default, as torch)."""
+        if self._owner is not None:
+            return self._owner.zero_grad(set_to_none)
         for p in self._params():
             if set_to_none:
                 p.grad = None
@@ -163,7 +176,7 @@ class Optimizer:
         return make(p.data, values, **flags)
 
     def _leaf_state(self, group: Mapping[str, Any], p: Parameter) -> Any:
-        stored = self.state.get(p)
+        stored = self._state.get(p)
         if not stored:
             return self._initial_state(group, p)
         return self.rule.state(**{f: stored.get(f) for f in self.rule.state._fields})
@@ -189,10 +202,12 @@ class Optimizer:
         return fn, self._hyper_arrays(group, params), params, states
 
     def _run(self, fn: Callable, hyper: dict, params: list[Parameter], states: list) -> None:
-        new_params, new_states = fn(hyper, [p.data for p in params], [p.grad for p in params], states)
+        new_params, new_states = fn(
+            hyper, [p.data for p in params], [p.grad for p in params], states
+        )
         for p, data, state in zip(params, new_params, new_states):
             p.data = data
-            self.state[p] = self._state_dict_of(state)
+            self._state[p] = self._state_dict_of(state)
 
     @staticmethod
     def _state_dict_of(state: Any) -> dict[str, Any]:
@@ -211,6 +226,10 @@ class Optimizer:
         return self._eager_state_dict()
 
     def _eager_state_dict(self) -> dict[str, Any]:
+        return self._state_dict_from(self._state)
+
+    def _state_dict_from(self, states: Mapping[Parameter, Mapping[str, Any]]) -> dict[str, Any]:
+        """torch's state_dict format for ``states`` (per-parameter dicts of torch's names)."""
         index: dict[Parameter, int] = {}
         groups = []
         for group in self.param_groups:
@@ -219,7 +238,7 @@ class Optimizer:
             groups.append(packed)
         state = {
             index[p]: self._export_state(_copy_arrays(s))
-            for p, s in self.state.items()
+            for p, s in states.items()
             if p in index and s
         }
         return {"state": state, "param_groups": groups}
@@ -233,14 +252,25 @@ class Optimizer:
         if self._owner is not None:
             return self._owner.load_state_dict(state_dict)
         groups, state = self._validated(state_dict)
+        self._set_groups(groups)
+        self._state = state
+        return None
+
+    def _set_groups(self, groups: list[dict[str, Any]]) -> None:
+        """Replace every group's options in place (the dicts keep their identity)."""
         for group, new in zip(self.param_groups, groups):
             group.clear()
             group.update(new)
-        self.state = state
-        return None
 
-    def _validated(self, state_dict: Mapping[str, Any]) -> tuple[list[dict], dict]:
-        """The groups and state a state_dict would produce; raises ValueError on any mismatch."""
+    def _validated(
+        self, state_dict: Mapping[str, Any], import_state: Callable | None = None
+    ) -> tuple[list[dict], dict]:
+        """The groups and state a state_dict would produce; raises ValueError on any mismatch.
+
+        ``import_state(group, p, saved, key)`` checks one parameter's entry
+        (default: this class's ``_import_state``).
+        """
+        import_state = import_state or self._import_state
         if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
             raise ValueError("a state_dict must be a dict with 'state' and 'param_groups' entries")
         saved_groups = state_dict["param_groups"]
@@ -265,15 +295,19 @@ class Optimizer:
         new_state: dict[Parameter, dict[str, Any]] = {}
         for key, saved_state in dict(state_dict["state"]).items():
             if key not in id_map:
-                raise ValueError(f"the state_dict holds state for parameter {key!r}, which no group lists")
+                raise ValueError(
+                    f"the state_dict holds state for parameter {key!r}, which no group lists"
+                )
             p = id_map[key]
-            new_state[p] = self._import_state(group_of[p], p, saved_state, key)
+            new_state[p] = import_state(group_of[p], p, saved_state, key)
         return new_groups, new_state
 
     def _import_state(self, group: Mapping[str, Any], p: Parameter, saved: Any, key: Any) -> dict:
         """One parameter's saved state, checked against what this optimizer keeps for it."""
         if not isinstance(saved, Mapping):
-            raise ValueError(f"state of parameter {key!r} must be a dict, got {type(saved).__name__}")
+            raise ValueError(
+                f"state of parameter {key!r} must be a dict, got {type(saved).__name__}"
+            )
         if not saved:
             return {}
         fields = self.rule.state._fields
@@ -301,7 +335,9 @@ class Optimizer:
                         f"but the parameter has shape {p.shape}"
                     )
                 dtype = p.dtype
-            if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+            if not (
+                np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+            ):
                 raise ValueError(f"state {name!r} of parameter {key!r} has dtype {array.dtype}")
             state[name] = jnp.asarray(array, dtype)
         return state

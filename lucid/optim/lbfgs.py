@@ -1,0 +1,374 @@
+"""``LBFGS``: torch.optim.LBFGS's full algorithm, closure and line search included.
+
+The one optimizer whose step is not a per-parameter rule: L-BFGS works on the
+flat vector of all parameters, re-evaluates the closure, and keeps a history of
+curvature pairs. This module follows torch's algorithm step for step (two-loop
+recursion, first step ``min(1, 1/|g|_1) * lr``, convergence tests on
+``max|g|``, optional strong-Wolfe line search with cubic interpolation), in eager
+JAX. Its compiled form (:func:`lucid.optim.compile_optimizer`) is the
+closure-less Barzilai-Borwein step of :func:`lucid.functional.lbfgs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..functional.lbfgs import LBFGS as LBFGS_RULE
+from .optimizer import Optimizer, ParamsT, options_of, to_array
+
+
+def _copy_arrays(values: list) -> list:
+    return [jnp.array(v, copy=True) if isinstance(v, jax.Array) else v for v in values]
+
+
+Array = jax.Array
+
+_HISTORY = ("old_dirs", "old_stps", "ro", "al")
+_VECTORS = ("d", "prev_flat_grad")
+_SCALARS = ("t", "H_diag", "prev_loss")
+_COUNTERS = ("func_evals", "n_iter")
+
+
+def _cubic_interpolate(
+    x1: Any, f1: Any, g1: Any, x2: Any, f2: Any, g2: Any, bounds: tuple | None = None
+) -> Any:
+    """Minimiser of the cubic through two points with their slopes, clamped to ``bounds``."""
+    if bounds is not None:
+        xmin_bound, xmax_bound = bounds
+    else:
+        xmin_bound, xmax_bound = (x1, x2) if x1 <= x2 else (x2, x1)
+    d1 = g1 + g2 - 3 * (f1 - f2) / (x1 - x2)
+    d2_square = d1**2 - g1 * g2
+    if d2_square >= 0:
+        d2 = jnp.sqrt(d2_square)
+        if x1 <= x2:
+            min_pos = x2 - (x2 - x1) * ((g2 + d2 - d1) / (g2 - g1 + 2 * d2))
+        else:
+            min_pos = x1 - (x1 - x2) * ((g1 + d2 - d1) / (g1 - g2 + 2 * d2))
+        return min(max(min_pos, xmin_bound), xmax_bound)
+    return (xmin_bound + xmax_bound) / 2.0
+
+
+def _strong_wolfe(
+    obj_func: Callable,
+    x: list[Array],
+    t: Any,
+    d: Array,
+    f: float,
+    g: Array,
+    gtd: Array,
+    c1: float = 1e-4,
+    c2: float = 0.9,
+    tolerance_change: float = 1e-9,
+    max_ls: int = 25,
+) -> tuple[float, Array, Any, int]:
+    """Strong-Wolfe line search along ``d`` (bracketing, then zoom), torch's version."""
+    d_norm = jnp.max(jnp.abs(d))
+    f_new, g_new = obj_func(x, t, d)
+    ls_func_evals = 1
+    gtd_new = jnp.dot(g_new, d)
+    t_prev, f_prev, g_prev, gtd_prev = 0, f, g, gtd
+    done = False
+    ls_iter = 0
+    bracket: list[Any] = []
+    bracket_f: list[Any] = []
+    bracket_g: list[Array] = []
+    bracket_gtd: list[Any] = []
+    while ls_iter < max_ls:
+        if f_new > (f + c1 * t * gtd) or (ls_iter > 1 and f_new >= f_prev):
+            bracket, bracket_f = [t_prev, t], [f_prev, f_new]
+            bracket_g, bracket_gtd = [g_prev, g_new], [gtd_prev, gtd_new]
+            break
+        if abs(gtd_new) <= -c2 * gtd:
+            bracket, bracket_f, bracket_g = [t], [f_new], [g_new]
+            done = True
+            break
+        if gtd_new >= 0:
+            bracket, bracket_f = [t_prev, t], [f_prev, f_new]
+            bracket_g, bracket_gtd = [g_prev, g_new], [gtd_prev, gtd_new]
+            break
+        min_step = t + 0.01 * (t - t_prev)
+        max_step = t * 10
+        tmp = t
+        t = _cubic_interpolate(
+            t_prev, f_prev, gtd_prev, t, f_new, gtd_new, bounds=(min_step, max_step)
+        )
+        t_prev, f_prev, g_prev, gtd_prev = tmp, f_new, g_new, gtd_new
+        f_new, g_new = obj_func(x, t, d)
+        ls_func_evals += 1
+        gtd_new = jnp.dot(g_new, d)
+        ls_iter += 1
+    if ls_iter == max_ls:
+        bracket, bracket_f, bracket_g = [0, t], [f, f_new], [g, g_new]
+
+    # zoom: shrink the bracket until a point satisfies the strong-Wolfe conditions
+    insuf_progress = False
+    low_pos, high_pos = (0, 1) if bracket_f[0] <= bracket_f[-1] else (1, 0)
+    while not done and ls_iter < max_ls:
+        if abs(bracket[1] - bracket[0]) * d_norm < tolerance_change:
+            break
+        t = _cubic_interpolate(
+            bracket[0], bracket_f[0], bracket_gtd[0], bracket[1], bracket_f[1], bracket_gtd[1]
+        )
+        eps = 0.1 * (max(bracket) - min(bracket))
+        if min(max(bracket) - t, t - min(bracket)) < eps:
+            if insuf_progress or t >= max(bracket) or t <= min(bracket):
+                if abs(t - max(bracket)) < abs(t - min(bracket)):
+                    t = max(bracket) - eps
+                else:
+                    t = min(bracket) + eps
+                insuf_progress = False
+            else:
+                insuf_progress = True
+        else:
+            insuf_progress = False
+        f_new, g_new = obj_func(x, t, d)
+        ls_func_evals += 1
+        gtd_new = jnp.dot(g_new, d)
+        ls_iter += 1
+        if f_new > (f + c1 * t * gtd) or f_new >= bracket_f[low_pos]:
+            bracket[high_pos], bracket_f[high_pos] = t, f_new
+            bracket_g[high_pos], bracket_gtd[high_pos] = g_new, gtd_new
+            low_pos, high_pos = (0, 1) if bracket_f[0] <= bracket_f[1] else (1, 0)
+        else:
+            if abs(gtd_new) <= -c2 * gtd:
+                done = True
+            elif gtd_new * (bracket[high_pos] - bracket[low_pos]) >= 0:
+                bracket[high_pos], bracket_f[high_pos] = bracket[low_pos], bracket_f[low_pos]
+                bracket_g[high_pos] = bracket_g[low_pos]
+                bracket_gtd[high_pos] = bracket_gtd[low_pos]
+            bracket[low_pos], bracket_f[low_pos] = t, f_new
+            bracket_g[low_pos], bracket_gtd[low_pos] = g_new, gtd_new
+    return bracket_f[low_pos], bracket_g[low_pos], bracket[low_pos], ls_func_evals
+
+
+class LBFGS(Optimizer):
+    """torch.optim.LBFGS: ``step(closure)`` runs up to ``max_iter`` L-BFGS iterations.
+
+    One parameter group only. The closure must clear the gradients, compute them
+    (``lucid.backward``) and return the loss; ``step`` returns the *first*
+    closure value, as torch does. ``line_search_fn`` is ``None`` or
+    ``'strong_wolfe'`` (anything else is refused at construction).
+    """
+
+    rule = LBFGS_RULE
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: Any = 1,
+        max_iter: int = 20,
+        max_eval: int | None = None,
+        tolerance_grad: float = 1e-7,
+        tolerance_change: float = 1e-9,
+        history_size: int = 100,
+        line_search_fn: str | None = None,
+    ) -> None:
+        options = options_of(locals())
+        if max_eval is None:
+            options["max_eval"] = max_iter * 5 // 4
+        super().__init__(params, options)
+        if len(self.param_groups) != 1:
+            raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if self.param_groups:
+            raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
+        super().add_param_group(param_group)
+
+    # ------------------------------------------------------------ flat views
+    @property
+    def _group_params(self) -> list:
+        return self.param_groups[0]["params"]
+
+    def _gather_flat_grad(self) -> Array:
+        return jnp.concatenate(
+            [
+                jnp.zeros(p.size, p.dtype) if p.grad is None else jnp.ravel(p.grad)
+                for p in self._group_params
+            ]
+        )
+
+    def _add_grad(self, step_size: Any, update: Array) -> None:
+        offset = 0
+        for p in self._group_params:
+            piece = update[offset : offset + p.size].reshape(p.shape)
+            p.data = p.data + step_size * piece
+            offset += p.size
+
+    def _directional_evaluate(
+        self, closure: Callable, x: list[Array], t: Any, d: Array
+    ) -> tuple[float, Array]:
+        self._add_grad(t, d)
+        loss = float(closure())
+        flat_grad = self._gather_flat_grad()
+        for p, data in zip(self._group_params, x):
+            p.data = data
+        return loss, flat_grad
+
+    # ------------------------------------------------------------------ step
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Run L-BFGS iterations; ``closure`` is required. Returns its first loss."""
+        if self._owner is not None:
+            return self._owner.step(closure)
+        if closure is None:
+            raise ValueError("LBFGS.step needs a closure that re-evaluates the loss")
+        group = self.param_groups[0]
+        lr = group["lr"]
+        max_iter, max_eval = group["max_iter"], group["max_eval"]
+        tolerance_grad, tolerance_change = group["tolerance_grad"], group["tolerance_change"]
+        line_search_fn, history_size = group["line_search_fn"], group["history_size"]
+
+        state = self._state.setdefault(self._group_params[0], {})
+        state.setdefault("func_evals", 0)
+        state.setdefault("n_iter", 0)
+
+        orig_loss = closure()
+        loss = float(orig_loss)
+        current_evals = 1
+        state["func_evals"] += 1
+        flat_grad = self._gather_flat_grad()
+        if jnp.max(jnp.abs(flat_grad)) <= tolerance_grad:
+            return orig_loss
+
+        d, t = state.get("d"), state.get("t")
+        old_dirs, old_stps, ro = state.get("old_dirs"), state.get("old_stps"), state.get("ro")
+        H_diag = state.get("H_diag")
+        prev_flat_grad, prev_loss = state.get("prev_flat_grad"), state.get("prev_loss")
+
+        n_iter = 0
+        while n_iter < max_iter:
+            n_iter += 1
+            state["n_iter"] += 1
+            if state["n_iter"] == 1:
+                d = -flat_grad
+                old_dirs, old_stps, ro = [], [], []
+                H_diag = 1
+            else:
+                # curvature pair from the last move, then the two-loop recursion
+                y = flat_grad - prev_flat_grad
+                s = d * t
+                ys = jnp.dot(y, s)
+                if ys > 1e-10:
+                    if len(old_dirs) == history_size:
+                        old_dirs.pop(0)
+                        old_stps.pop(0)
+                        ro.pop(0)
+                    old_dirs.append(y)
+                    old_stps.append(s)
+                    ro.append(1.0 / ys)
+                    H_diag = ys / jnp.dot(y, y)
+                num_old = len(old_dirs)
+                if "al" not in state:
+                    state["al"] = [None] * history_size
+                al = state["al"]
+                q = -flat_grad
+                for i in range(num_old - 1, -1, -1):
+                    al[i] = jnp.dot(old_stps[i], q) * ro[i]
+                    q = q + (-al[i]) * old_dirs[i]
+                r = q * H_diag
+                for i in range(num_old):
+                    be_i = jnp.dot(old_dirs[i], r) * ro[i]
+                    r = r + (al[i] - be_i) * old_stps[i]
+                d = r
+
+            prev_flat_grad = flat_grad
+            prev_loss = loss
+            first = state["n_iter"] == 1
+            t = min(1.0, 1.0 / jnp.sum(jnp.abs(flat_grad))) * lr if first else lr
+            gtd = jnp.dot(flat_grad, d)
+            if gtd > -tolerance_change:
+                break
+
+            ls_func_evals = 0
+            if line_search_fn is not None:
+                x_init = [p.data for p in self._group_params]
+
+                def obj_func(x: list[Array], t: Any, d: Array) -> tuple[float, Array]:
+                    return self._directional_evaluate(closure, x, t, d)
+
+                loss, flat_grad, t, ls_func_evals = _strong_wolfe(
+                    obj_func, x_init, t, d, loss, flat_grad, gtd, max_ls=max_eval - current_evals
+                )
+                self._add_grad(t, d)
+                opt_cond = jnp.max(jnp.abs(flat_grad)) <= tolerance_grad
+            else:
+                self._add_grad(t, d)
+                opt_cond = False
+                if n_iter != max_iter:
+                    loss = float(closure())
+                    flat_grad = self._gather_flat_grad()
+                    opt_cond = jnp.max(jnp.abs(flat_grad)) <= tolerance_grad
+                    ls_func_evals = 1
+            current_evals += ls_func_evals
+            state["func_evals"] += ls_func_evals
+
+            if n_iter == max_iter or current_evals >= max_eval or opt_cond:
+                break
+            if jnp.max(jnp.abs(d * t)) <= tolerance_change:
+                break
+            if abs(loss - prev_loss) < tolerance_change:
+                break
+
+        state.update(
+            d=d,
+            t=t,
+            old_dirs=old_dirs,
+            old_stps=old_stps,
+            ro=ro,
+            H_diag=H_diag,
+            prev_flat_grad=prev_flat_grad,
+            prev_loss=prev_loss,
+        )
+        return orig_loss
+
+    # ------------------------------------------------------------ checkpoints
+    def _export_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Fresh lists of fresh arrays: the history must not share memory with a copy."""
+        return {k: _copy_arrays(v) if isinstance(v, list) else v for k, v in state.items()}
+
+    def _import_state(self, group: Mapping[str, Any], p: Any, saved: Any, key: Any) -> dict:
+        """torch's LBFGS state (on the first parameter): counters, vectors, history lists."""
+        if not isinstance(saved, Mapping):
+            raise ValueError(f"state of parameter {key!r} must be a dict")
+        known = set(_HISTORY + _VECTORS + _SCALARS + _COUNTERS)
+        unknown = set(saved) - known
+        if unknown:
+            raise ValueError(f"LBFGS state has unknown entries {sorted(unknown)}")
+        if p is not self._group_params[0] and saved:
+            raise ValueError("LBFGS keeps its state on the first parameter only")
+        numel = sum(q.size for q in self._group_params)
+        dtype = jnp.result_type(*[q.dtype for q in self._group_params])
+
+        def vector(value: Any, name: str) -> Array:
+            array = np.asarray(to_array(value))
+            if array.shape != (numel,):
+                raise ValueError(
+                    f"LBFGS state {name!r} has shape {array.shape}, expected ({numel},)"
+                )
+            return jnp.asarray(array, dtype)
+
+        def scalar(value: Any) -> Any:
+            value = to_array(value)
+            return jnp.asarray(value, dtype) if isinstance(value, np.ndarray) else value
+
+        state: dict[str, Any] = {}
+        for name, value in saved.items():
+            if name in _COUNTERS:
+                state[name] = int(value)
+            elif name in _VECTORS:
+                state[name] = None if value is None else vector(value, name)
+            elif name in _SCALARS:
+                state[name] = scalar(value)
+            elif name == "al":
+                state[name] = [None if v is None else scalar(v) for v in value]
+            elif name == "ro":
+                state[name] = [scalar(v) for v in value]
+            else:
+                state[name] = [vector(v, name) for v in value]
+        return state

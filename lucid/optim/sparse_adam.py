@@ -1,0 +1,34 @@
+"""``SparseAdam`` over :data:`lucid.functional.sparse_adam.SPARSE_ADAM`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..functional.sparse_adam import SPARSE_ADAM
+from .optimizer import Optimizer, ParamsT, options_of
+
+
+class SparseAdam(Optimizer):
+    """torch.optim.SparseAdam: lazy Adam on the gradient's present entries.
+
+    ``.grad`` may be a ``jax.experimental.sparse.BCOO`` (its stored indices are
+    present, duplicates summed) or a dense array (its nonzero entries are
+    present). The state_dict keeps ``step`` as a Python int, as torch does.
+    """
+
+    rule = SPARSE_ADAM
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: Any = 1e-3,
+        betas: tuple[Any, Any] = (0.9, 0.999),
+        eps: Any = 1e-8,
+        maximize: bool = False,
+    ) -> None:
+        options = options_of(locals())
+        options["betas"] = tuple(betas)
+        super().__init__(params, options)
+
+    def _export_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {**state, "step": int(state["step"])} if "step" in state else state

@@ -1,0 +1,172 @@
+"""lucid.optim.LBFGS (the full algorithm, with closure) against torch.optim.LBFGS."""
+
+from __future__ import annotations
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import lucid
+
+
+def rosenbrock_jax(p):
+    x = p["x"]
+    return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
+
+
+def rosenbrock_torch(p):
+    x = p["x"]
+    return torch.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
+
+
+_X = np.random.default_rng(7).normal(size=(64, 4))
+_Y = (
+    np.random.default_rng(8).uniform(size=64) < 1 / (1 + np.exp(-_X @ [1.0, -2.0, 0.5, 0.0]))
+).astype(float)
+
+
+def logistic_jax(p):
+    z = jnp.asarray(_X) @ p["w"] + p["b"]
+    return jnp.mean(jnp.logaddexp(0.0, z) - jnp.asarray(_Y) * z) + 1e-3 * jnp.sum(p["w"] ** 2)
+
+
+def logistic_torch(p):
+    z = torch.as_tensor(_X) @ p["w"] + p["b"]
+    y = torch.as_tensor(_Y)
+    return torch.mean(torch.logaddexp(torch.zeros(()), z) - y * z) + 1e-3 * torch.sum(p["w"] ** 2)
+
+
+PROBLEMS = {
+    "rosenbrock": (rosenbrock_jax, rosenbrock_torch, {"x": np.array([-1.2, 1.0, -0.5, 0.8])}),
+    "logistic": (logistic_jax, logistic_torch, {"b": np.zeros(()), "w": np.zeros(4)}),
+}
+
+
+def _run_torch(problem, options, steps, scale=1.0):
+    _, loss_fn, init = PROBLEMS[problem]
+    params = {
+        k: torch.tensor(v * scale, dtype=torch.float64, requires_grad=True) for k, v in init.items()
+    }
+    opt = torch.optim.LBFGS(list(params.values()), **options)
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_fn(params)
+        loss.backward()
+        return loss
+
+    losses = [float(opt.step(closure).detach()) for _ in range(steps)]
+    return params, opt, losses
+
+
+def _run_lucid(problem, options, steps, params=None, opt=None):
+    loss_fn, _, init = PROBLEMS[problem]
+    if params is None:
+        params = {k: lucid.Parameter(jnp.asarray(v, jnp.float64)) for k, v in init.items()}
+        opt = lucid.optim.LBFGS(list(params.values()), **options)
+
+    def closure():
+        opt.zero_grad()
+        return lucid.backward(loss_fn, params)
+
+    losses = [float(opt.step(closure)) for _ in range(steps)]
+    return params, opt, losses
+
+
+CONFIGS = [
+    {},
+    {"line_search_fn": "strong_wolfe"},
+    {"lr": 0.5, "max_iter": 7, "history_size": 3},
+    {"line_search_fn": "strong_wolfe", "max_iter": 5, "max_eval": 9, "history_size": 4},
+    {"tolerance_grad": 1e-3, "tolerance_change": 1e-5},
+]
+
+
+@pytest.mark.parametrize("problem", sorted(PROBLEMS))
+@pytest.mark.parametrize(
+    "options", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults"
+)
+def test_lbfgs_matches_torchs_iterates_and_returned_losses(problem, options):
+    # Up to 60 L-BFGS iterations. Without a line search Rosenbrock amplifies
+    # rounding (torch against itself, start moved by 1e-15: 3e-8 apart after
+    # three steps), so the tolerance is 10x torch's own sensitivity, measured
+    # here, and never more permissive than that or tighter than 1e-9.
+    tparams, topt, tlosses = _run_torch(problem, options, steps=3)
+    params, opt, losses = _run_lucid(problem, options, steps=3)
+    moved, _, moved_losses = _run_torch(problem, options, steps=3, scale=1 + 1e-15)
+    sensitivity = max(
+        np.max(np.abs(moved[k].detach().numpy() - tparams[k].detach().numpy()))
+        / np.max(np.abs(tparams[k].detach().numpy()))
+        for k in tparams
+    )
+    sensitivity = max(
+        sensitivity, np.max(np.abs(np.subtract(moved_losses, tlosses)) / np.abs(tlosses))
+    )
+    rtol = max(1e-9, 10 * sensitivity)
+    np.testing.assert_allclose(losses, tlosses, rtol=rtol)
+    for k in tparams:
+        chex.assert_trees_all_close(
+            params[k].data, tparams[k].detach().numpy(), rtol=rtol, atol=1e-12
+        )
+    tstate = topt.state_dict()["state"][0]
+    state = opt.state_dict()["state"][0]
+    assert set(state) == set(tstate)
+    assert state["func_evals"] == tstate["func_evals"] and state["n_iter"] == tstate["n_iter"]
+    assert len(state["old_dirs"]) == len(tstate["old_dirs"])
+
+
+@pytest.mark.parametrize("options", [{}, {"line_search_fn": "strong_wolfe", "history_size": 3}])
+def test_lbfgs_checkpoints_move_both_ways(options):
+    problem = "rosenbrock"
+    # torch -> lucid
+    tparams, topt, _ = _run_torch(problem, options, steps=2)
+    params = {
+        k: lucid.Parameter(jnp.asarray(v.detach().numpy().copy())) for k, v in tparams.items()
+    }
+    opt = lucid.optim.LBFGS(list(params.values()), **options)
+    opt.load_state_dict(topt.state_dict())
+    _, _, tlosses = _run_torch_continue(topt, tparams, problem, 2)
+    _, _, losses = _run_lucid(problem, options, 2, params, opt)
+    np.testing.assert_allclose(losses, tlosses, rtol=1e-9)
+    # lucid -> torch: each leaf through torch.as_tensor
+    sd = opt.state_dict()
+    converted = {"param_groups": sd["param_groups"], "state": {0: {}}}
+    for name, value in sd["state"][0].items():
+        if isinstance(value, list):
+            value = [None if v is None else torch.as_tensor(v) for v in value]
+        elif not isinstance(value, int | float):
+            value = torch.as_tensor(value)
+        converted["state"][0][name] = value
+    tparams2 = {k: torch.tensor(np.asarray(p.data), requires_grad=True) for k, p in params.items()}
+    topt2 = torch.optim.LBFGS(list(tparams2.values()), **options)
+    topt2.load_state_dict(converted)
+    _, _, tlosses = _run_torch_continue(topt2, tparams2, problem, 2)
+    _, _, losses = _run_lucid(problem, options, 2, params, opt)
+    np.testing.assert_allclose(losses, tlosses, rtol=1e-9)
+
+
+def _run_torch_continue(opt, params, problem, steps):
+    _, loss_fn, _ = PROBLEMS[problem]
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_fn(params)
+        loss.backward()
+        return loss
+
+    return params, opt, [float(opt.step(closure).detach()) for _ in range(steps)]
+
+
+def test_lbfgs_refuses_groups_bad_line_search_and_a_missing_closure():
+    p, q = lucid.Parameter(jnp.ones(2)), lucid.Parameter(jnp.ones(2))
+    with pytest.raises(ValueError, match="parameter groups"):
+        lucid.optim.LBFGS([{"params": [p]}, {"params": [q]}])
+    with pytest.raises(ValueError, match="strong_wolfe"):
+        lucid.optim.LBFGS([p], line_search_fn="armijo")
+    opt = lucid.optim.LBFGS([p])
+    with pytest.raises(ValueError, match="closure"):
+        opt.step()
+    with pytest.raises(ValueError, match="parameter groups"):
+        opt.add_param_group({"params": [q]})

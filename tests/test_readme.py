@@ -1,0 +1,56 @@
+"""The README's porting example runs, and gives torch's numbers for torch's loop."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import numpy as np
+import torch
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_opens_with_the_two_setup_commands():
+    first_block = re.search(r"```bash\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    commands = [line for line in first_block.splitlines() if line.strip()]
+    assert len(commands) == 2
+    assert "examples/train_mlp.py" in commands[0] and "pytest" in commands[1]
+
+
+def test_readme_port_matches_the_torch_loop_it_replaces():
+    namespace: dict = {}
+    exec(compile(_python_blocks()[0], "README.md", "exec"), namespace)
+    x = torch.as_tensor(np.asarray(namespace["x"], np.float32))
+    y = torch.as_tensor(np.asarray(namespace["y"], np.float32))
+    w = torch.zeros((3, 1), requires_grad=True)
+    b = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.AdamW([w, b], lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.5)
+    for _ in range(300):
+        opt.zero_grad()
+        loss = torch.mean((x @ w + b - y) ** 2)
+        loss.backward()
+        opt.step()
+        sched.step()
+    np.testing.assert_allclose(np.asarray(namespace["w"].data), w.detach().numpy(), rtol=2e-4)
+    np.testing.assert_allclose(
+        np.asarray(namespace["b"].data), b.detach().numpy(), rtol=2e-4, atol=1e-6
+    )
+
+
+def test_readme_functional_example_builds_a_working_transform():
+    import jax.numpy as jnp
+    import optax
+
+    namespace: dict = {}
+    exec(compile(_python_blocks()[1], "README.md", "exec"), namespace)
+    tx = namespace["tx"]
+    params = {"w": jnp.ones(3)}
+    updates, _ = tx.update({"w": jnp.full(3, 10.0)}, tx.init(params), params)
+    new = optax.apply_updates(params, updates)
+    assert float(new["w"][0]) < 1.0
