@@ -98,8 +98,9 @@ class Store:
         return split(buffer, self.sizes, self.shapes)
 
     def like(self, arrays: Sequence[Array]) -> Array:
-        """Per-parameter arrays laid out as this store's buffers are."""
-        return concat(arrays, arrays[0].dtype) if self.flat else jnp.asarray(arrays[0])
+        """Per-parameter arrays laid out as this store's buffers are, in a new buffer
+        (state fields may share one zeros array, and each buffer is donated)."""
+        return concat(arrays, arrays[0].dtype) if self.flat else jnp.array(arrays[0], copy=True)
 
     # ------------------------------------------------------------- values
     def read(self, index: int) -> Array:

@@ -1,0 +1,81 @@
+"""fused_step: forward, backward and update as one executable, equal to the
+eager loop and to torch."""
+
+from __future__ import annotations
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import lucid
+from oracle import count_compiles, loss_jax, loss_torch, problem
+from test_shell import _assert_params_close, _lucid_step
+
+
+def _params():
+    return {k: lucid.Parameter(jnp.asarray(v)) for k, v in sorted(problem().items())}
+
+
+@pytest.mark.parametrize("name,options", [
+    ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
+    ("Adam", {"lr": 0.01, "amsgrad": True}),
+    ("AdamW", {"lr": 0.01, "weight_decay": 0.1}),
+    ("RMSprop", {"lr": 0.01, "centered": True, "momentum": 0.5}),
+])
+def test_fused_step_matches_torch_and_returns_the_loss(name, options):
+    params = _params()
+    tparams = {k: torch.tensor(v, requires_grad=True) for k, v in sorted(problem().items())}
+    opt = getattr(lucid.optim, name)(list(params.values()), **options)
+    topt = getattr(torch.optim, name)(list(tparams.values()), **options)
+    fused = lucid.optim.fused_step(loss_jax, opt)
+    assert fused.compiled is lucid.compile_optimizer(opt)
+    for _ in range(30):
+        before = {k: p.data for k, p in params.items()}
+        loss = fused(params)
+        assert float(loss) == pytest.approx(float(loss_jax(before)), rel=1e-12)
+        topt.zero_grad()
+        loss_torch(tparams).backward()
+        topt.step()
+        _assert_params_close(params, tparams)  # .data is current after every call
+    sd, tsd = opt.state_dict(), topt.state_dict()
+    for index, state in tsd["state"].items():
+        for key, value in state.items():
+            chex.assert_trees_all_close(np.asarray(sd["state"][index][key]), value.numpy(), rtol=1e-9)
+
+
+def test_fused_step_compiles_once_under_a_scheduler_and_mixes_with_eager_steps():
+    params = _params()
+    opt = lucid.optim.Adam(list(params.values()), lr=0.01)
+    sched = lucid.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20)
+    fused = lucid.optim.fused_step(loss_jax, opt)
+    fused(params)
+    sched.step()
+    with count_compiles() as compiled:
+        for _ in range(20):
+            fused(params)
+            sched.step()
+    assert len(compiled) == 0
+    reference = _params()
+    ref_opt = lucid.optim.Adam(list(reference.values()), lr=0.01)
+    ref_sched = lucid.optim.lr_scheduler.CosineAnnealingLR(ref_opt, T_max=20)
+    for _ in range(21):
+        _lucid_step(ref_opt, reference)
+        ref_sched.step()
+    _lucid_step(opt, params)  # an ordinary step on the same compiled optimizer
+    _lucid_step(ref_opt, reference)
+    for k in params:
+        chex.assert_trees_all_close(params[k].data, reference[k].data, rtol=1e-12)
+
+
+def test_fused_step_with_extra_arguments_and_constants():
+    w = lucid.Parameter(jnp.ones(3))
+    frozen = lucid.Parameter(jnp.full(3, 2.0))  # not in the optimizer: a constant
+    opt = lucid.optim.SGD([w], lr=0.1)
+    fused = lucid.optim.fused_step(lambda m, x, scale=1.0: scale * jnp.sum((m[0] * m[1] - x) ** 2), opt)
+    x = jnp.asarray([1.0, 2.0, 3.0])
+    fused((w, frozen), x, scale=0.5)
+    expected = 1.0 - 0.1 * 0.5 * 2 * (2.0 - x) * 2.0
+    chex.assert_trees_all_close(w.data, expected, rtol=1e-12)
+    chex.assert_trees_all_close(frozen.data, jnp.full(3, 2.0))

@@ -1,0 +1,79 @@
+"""Sharded parameters keep their sharding through eager, compiled and fused
+steps, their state is created with the same sharding, and the numbers equal an
+unsharded run. Runs in a subprocess with 8 host CPU devices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    jax.config.update("jax_enable_x64", True)
+    import lucid
+
+    assert len(jax.devices()) == 8
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    specs = {"w": P("data", "model"), "b": P("model"), "s": P()}
+    rng = np.random.default_rng(0)
+    init = {"w": rng.normal(size=(16, 6)), "b": rng.normal(size=(6,)), "s": rng.normal(size=(3,))}
+    x = jnp.asarray(rng.normal(size=(5, 16)))
+
+    def loss_fn(m, x):
+        return jnp.mean(jnp.tanh(x @ m["w"] + m["b"]) ** 2) + jnp.sum(jnp.sin(m["s"]) ** 2)
+
+    def make(sharded):
+        put = (lambda k, v: jax.device_put(jnp.asarray(v), NamedSharding(mesh, specs[k]))) if sharded \\
+            else (lambda k, v: jnp.asarray(v))
+        return {k: lucid.Parameter(put(k, v)) for k, v in sorted(init.items())}
+
+    def check_sharding(params, opt):
+        for k, p in params.items():
+            expected = NamedSharding(mesh, specs[k])
+            assert p.data.sharding.is_equivalent_to(expected, p.ndim), (k, p.data.sharding)
+        sd = opt.state_dict()
+        for index, (k, p) in enumerate(sorted(params.items())):
+            for name, value in sd["state"][index].items():
+                if getattr(value, "ndim", 0):
+                    assert value.sharding.is_equivalent_to(NamedSharding(mesh, specs[k]), value.ndim), (k, name)
+
+    results = {}
+    for mode in ("eager", "compiled", "fused"):
+        for sharded in (False, True):
+            params = make(sharded)
+            opt = lucid.optim.AdamW(list(params.values()), lr=0.05, amsgrad=True)
+            if mode == "compiled":
+                lucid.compile_optimizer(opt)
+            fused = lucid.optim.fused_step(loss_fn, opt) if mode == "fused" else None
+            for _ in range(6):
+                if fused is not None:
+                    fused(params, x)
+                else:
+                    opt.zero_grad()
+                    lucid.backward(loss_fn, params, x)
+                    opt.step()
+            if sharded:
+                check_sharding(params, opt)
+            results[mode, sharded] = {k: np.asarray(p.data) for k, p in params.items()}
+    for key, value in results.items():
+        for k in value:
+            np.testing.assert_allclose(value[k], results["eager", False][k], rtol=1e-12, err_msg=str(key))
+    print("OK")
+    """
+)
+
+
+def test_sharded_parameters_keep_their_sharding_and_their_numbers(tmp_path):
+    script = tmp_path / "sharded.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip().endswith("OK")
