@@ -2,13 +2,15 @@
 
 With ``g`` the gradient (negated when ``maximize``):
 
-.. math::
-
-    g &\\leftarrow g + \\lambda p \\\\
-    v_t &= \\rho v_{t-1} + (1-\\rho) g^2 \\\\
-    \\Delta_t &= \\frac{\\sqrt{u_{t-1} + \\epsilon}}{\\sqrt{v_t + \\epsilon}}\\, g \\\\
-    u_t &= \\rho u_{t-1} + (1-\\rho) \\Delta_t^2 \\\\
-    p &\\leftarrow p - \\gamma \\Delta_t
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda p \\\\
+v_t &= \\rho v_{t-1} + (1-\\rho) g^2 \\\\
+\\Delta_t &= \\frac{\\sqrt{u_{t-1} + \\epsilon}}{\\sqrt{v_t + \\epsilon}}\\, g \\\\
+u_t &= \\rho u_{t-1} + (1-\\rho) \\Delta_t^2 \\\\
+p &\\leftarrow p - \\gamma \\Delta_t
+\\end{aligned}
+$$
 
 ``lr`` (default 1.0) multiplies the delta and the step descends, as in torch
 (optax's ``adadelta`` with ``learning_rate=None`` ascends instead).

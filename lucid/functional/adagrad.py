@@ -2,12 +2,14 @@
 
 With ``g`` the gradient (negated when ``maximize``) and ``t`` the step:
 
-.. math::
-
-    g &\\leftarrow g + \\lambda p \\\\
-    \\tilde\\gamma &= \\gamma / (1 + (t-1)\\eta) \\\\
-    s_t &= s_{t-1} + g^2, \\qquad s_0 = \\text{initial\\_accumulator\\_value} \\\\
-    p &\\leftarrow p - \\tilde\\gamma\\, g / (\\sqrt{s_t} + \\epsilon)
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda p \\\\
+\\tilde\\gamma &= \\gamma / (1 + (t-1)\\eta) \\\\
+s_t &= s_{t-1} + g^2, \\qquad s_0 = \\text{initial\\_accumulator\\_value} \\\\
+p &\\leftarrow p - \\tilde\\gamma\\, g / (\\sqrt{s_t} + \\epsilon)
+\\end{aligned}
+$$
 
 ``eps`` (default 1e-10) is added outside the square root, as in torch.
 Dense gradients only (torch's sparse-gradient path has no counterpart here).

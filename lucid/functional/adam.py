@@ -2,15 +2,17 @@
 
 With ``g`` the gradient (negated when ``maximize``) and ``t`` the step:
 
-.. math::
-
-    g &\\leftarrow g + \\lambda p
-        \\quad\\text{or, decoupled,}\\quad p \\leftarrow p(1 - \\gamma\\lambda) \\\\
-    m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g, \\qquad
-    v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g^2 \\\\
-    \\hat v_t &= \\max(\\hat v_{t-1}, v_t) \\text{ (amsgrad, on the raw moment)} \\\\
-    p &\\leftarrow p - \\frac{\\gamma}{1-\\beta_1^t}\\,
-        \\frac{m_t}{\\sqrt{v_t}/\\sqrt{1-\\beta_2^t} + \\epsilon}
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda p
+    \\quad\\text{or, decoupled,}\\quad p \\leftarrow p(1 - \\gamma\\lambda) \\\\
+m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g, \\qquad
+v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g^2 \\\\
+\\hat v_t &= \\max(\\hat v_{t-1}, v_t) \\text{ (amsgrad, on the raw moment)} \\\\
+p &\\leftarrow p - \\frac{\\gamma}{1-\\beta_1^t}\\,
+    \\frac{m_t}{\\sqrt{v_t}/\\sqrt{1-\\beta_2^t} + \\epsilon}
+\\end{aligned}
+$$
 
 ``eps`` is added after the bias correction of ``sqrt(v)``, and AMSGrad keeps
 the maximum of the *uncorrected* second moment, as torch does (optax's

@@ -2,12 +2,14 @@
 
 With ``g`` the gradient (negated when ``maximize``) and ``t`` the step:
 
-.. math::
-
-    g &\\leftarrow g + \\lambda p \\\\
-    m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g \\\\
-    u_t &= \\max(\\beta_2 u_{t-1},\\; |g| + \\epsilon) \\\\
-    p &\\leftarrow p - \\frac{\\gamma}{1-\\beta_1^t}\\, \\frac{m_t}{u_t}
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda p \\\\
+m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g \\\\
+u_t &= \\max(\\beta_2 u_{t-1},\\; |g| + \\epsilon) \\\\
+p &\\leftarrow p - \\frac{\\gamma}{1-\\beta_1^t}\\, \\frac{m_t}{u_t}
+\\end{aligned}
+$$
 
 ``eps`` sits inside the maximum and only the first moment is bias-corrected,
 as in torch.

@@ -3,14 +3,16 @@
 With ``g`` the gradient (negated when ``maximize``), ``t`` the step, ``eta``
 and ``mu`` from the previous step (``eta`` starts at ``lr``, ``mu`` at 1):
 
-.. math::
-
-    g &\\leftarrow g + \\lambda_{wd} p \\\\
-    p &\\leftarrow p(1 - \\lambda\\eta), \\qquad p \\leftarrow p - \\eta g \\\\
-    a &\\leftarrow a + \\mu(p - a)
-        \\quad (\\text{a plain copy } a \\leftarrow p \\text{ when } \\mu = 1) \\\\
-    \\eta &\\leftarrow \\gamma / (1 + \\lambda\\gamma t)^\\alpha, \\qquad
-    \\mu \\leftarrow 1 / \\max(1, t - t_0)
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda_{wd} p \\\\
+p &\\leftarrow p(1 - \\lambda\\eta), \\qquad p \\leftarrow p - \\eta g \\\\
+a &\\leftarrow a + \\mu(p - a)
+    \\quad (\\text{a plain copy } a \\leftarrow p \\text{ when } \\mu = 1) \\\\
+\\eta &\\leftarrow \\gamma / (1 + \\lambda\\gamma t)^\\alpha, \\qquad
+\\mu \\leftarrow 1 / \\max(1, t - t_0)
+\\end{aligned}
+$$
 
 ``ax`` is the running average of the iterates (torch's ``ax``); with the
 default ``t0 = 1e6`` it just copies ``p``. ``eta`` and ``mu`` are 0-d per

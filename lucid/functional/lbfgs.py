@@ -5,12 +5,14 @@ per call; an optax transform sees one gradient per update and cannot. The
 transform is therefore the closure-less single step of DESIGN.md: with ``P``
 and ``G`` the parameters and gradient of the previous update (zeros at first),
 
-.. math::
-
-    s &= p - P, \\qquad y = g - G, \\qquad
-    \\alpha = \\operatorname{clip}\\!\\left(\\frac{|s|}{|y| + 10^{-10}},\\, 0,\\, 10\\right) \\\\
-    d &= -g \\text{ on the first update,} \\quad d = -\\alpha\\, g \\text{ afterwards} \\\\
-    p &\\leftarrow p + \\gamma\\, d, \\qquad P, G \\leftarrow p, g \\text{ (before the update)}
+$$
+\\begin{aligned}
+s &= p - P, \\qquad y = g - G, \\qquad
+\\alpha = \\operatorname{clip}\\!\\left(\\frac{|s|}{|y| + 10^{-10}},\\, 0,\\, 10\\right) \\\\
+d &= -g \\text{ on the first update,} \\quad d = -\\alpha\\, g \\text{ afterwards} \\\\
+p &\\leftarrow p + \\gamma\\, d, \\qquad P, G \\leftarrow p, g \\text{ (before the update)}
+\\end{aligned}
+$$
 
 ``alpha`` is the elementwise secant estimate of the inverse curvature.
 The full algorithm (closure, ``max_iter`` inner iterations, two-loop

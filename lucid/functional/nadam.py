@@ -1,19 +1,21 @@
 """NAdam, Adam with Nesterov momentum (``torch.optim.NAdam``).
 
 With ``g`` the gradient (negated when ``maximize``), ``t`` the step and
-Dozat's momentum schedule :math:`\\mu_t = \\beta_1(1 - \\tfrac12\\, 0.96^{t\\psi})`
-(:math:`\\psi` = ``momentum_decay``):
+Dozat's momentum schedule $\\mu_t = \\beta_1(1 - \\tfrac12\\, 0.96^{t\\psi})$
+($\\psi$ = ``momentum_decay``):
 
-.. math::
-
-    g &\\leftarrow g + \\lambda p \\quad\\text{or, decoupled,}\\quad
-        p \\leftarrow p(1 - \\gamma\\lambda) \\\\
-    \\Pi_t &= \\Pi_{t-1}\\,\\mu_t \\quad (\\Pi_0 = 1,\\ \\text{kept as ``mu_product``}) \\\\
-    m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g, \\qquad
-    v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g^2 \\\\
-    d &= \\sqrt{v_t / (1-\\beta_2^t)} + \\epsilon \\\\
-    p &\\leftarrow p - \\frac{\\gamma(1-\\mu_t)}{1-\\Pi_t}\\,\\frac{g}{d}
-        - \\frac{\\gamma\\,\\mu_{t+1}}{1-\\Pi_t\\mu_{t+1}}\\,\\frac{m_t}{d}
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda p \\quad\\text{or, decoupled,}\\quad
+    p \\leftarrow p(1 - \\gamma\\lambda) \\\\
+\\Pi_t &= \\Pi_{t-1}\\,\\mu_t \\quad (\\Pi_0 = 1,\\ \\text{kept as }\\mathtt{mu\\_product}) \\\\
+m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g, \\qquad
+v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g^2 \\\\
+d &= \\sqrt{v_t / (1-\\beta_2^t)} + \\epsilon \\\\
+p &\\leftarrow p - \\frac{\\gamma(1-\\mu_t)}{1-\\Pi_t}\\,\\frac{g}{d}
+    - \\frac{\\gamma\\,\\mu_{t+1}}{1-\\Pi_t\\mu_{t+1}}\\,\\frac{m_t}{d}
+\\end{aligned}
+$$
 
 applied as two ``addcdiv`` steps in that order, as torch does. torch keeps
 ``mu_product`` as a 0-d tensor in its default dtype; here it is a 0-d array in

@@ -1,21 +1,23 @@
 """RAdam, rectified Adam (``torch.optim.RAdam``).
 
 With ``g`` the gradient (negated when ``maximize``), ``t`` the step and
-:math:`\\rho_\\infty = 2/(1-\\beta_2) - 1`:
+$\\rho_\\infty = 2/(1-\\beta_2) - 1$:
 
-.. math::
-
-    g &\\leftarrow g + \\lambda p \\quad\\text{or, decoupled,}\\quad
-        p \\leftarrow p(1 - \\gamma\\lambda) \\\\
-    m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g, \\qquad
-    v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g^2 \\\\
-    \\rho_t &= \\rho_\\infty - 2t\\beta_2^t / (1-\\beta_2^t) \\\\
-    r_t &= \\sqrt{\\frac{(\\rho_t-4)(\\rho_t-2)\\rho_\\infty}
-        {(\\rho_\\infty-4)(\\rho_\\infty-2)\\rho_t}},
-    \\qquad l_t = \\frac{\\sqrt{1-\\beta_2^t}}{\\sqrt{v_t} + \\epsilon} \\\\
-    p &\\leftarrow p - \\frac{\\gamma\\, m_t}{1-\\beta_1^t}\\, r_t\\, l_t
-        \\text{ if } \\rho_t > 5, \\text{ else }
-        p \\leftarrow p - \\frac{\\gamma\\, m_t}{1-\\beta_1^t}
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda p \\quad\\text{or, decoupled,}\\quad
+    p \\leftarrow p(1 - \\gamma\\lambda) \\\\
+m_t &= \\beta_1 m_{t-1} + (1-\\beta_1) g, \\qquad
+v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g^2 \\\\
+\\rho_t &= \\rho_\\infty - 2t\\beta_2^t / (1-\\beta_2^t) \\\\
+r_t &= \\sqrt{\\frac{(\\rho_t-4)(\\rho_t-2)\\rho_\\infty}
+    {(\\rho_\\infty-4)(\\rho_\\infty-2)\\rho_t}},
+\\qquad l_t = \\frac{\\sqrt{1-\\beta_2^t}}{\\sqrt{v_t} + \\epsilon} \\\\
+p &\\leftarrow p - \\frac{\\gamma\\, m_t}{1-\\beta_1^t}\\, r_t\\, l_t
+    \\text{ if } \\rho_t > 5, \\text{ else }
+    p \\leftarrow p - \\frac{\\gamma\\, m_t}{1-\\beta_1^t}
+\\end{aligned}
+$$
 
 The rectification test ``rho_t > 5`` is strict and made per step inside the
 graph; ``eps`` is added to the raw ``sqrt(v)`` (unlike Adam, where it follows

@@ -2,15 +2,17 @@
 
 With ``g`` the gradient (negated when ``maximize``):
 
-.. math::
-
-    g &\\leftarrow g + \\lambda p \\\\
-    v_t &= \\alpha v_{t-1} + (1-\\alpha) g^2, \\qquad
-    \\bar g_t = \\alpha \\bar g_{t-1} + (1-\\alpha) g \\text{ (centered)} \\\\
-    a_t &= \\sqrt{v_t - \\bar g_t^2} + \\epsilon
-        \\quad\\text{or, not centered,}\\quad \\sqrt{v_t} + \\epsilon \\\\
-    b_t &= \\mu b_{t-1} + g / a_t, \\quad p \\leftarrow p - \\gamma b_t
-        \\quad\\text{or, without momentum,}\\quad p \\leftarrow p - \\gamma g / a_t
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda p \\\\
+v_t &= \\alpha v_{t-1} + (1-\\alpha) g^2, \\qquad
+\\bar g_t = \\alpha \\bar g_{t-1} + (1-\\alpha) g \\text{ (centered)} \\\\
+a_t &= \\sqrt{v_t - \\bar g_t^2} + \\epsilon
+    \\quad\\text{or, not centered,}\\quad \\sqrt{v_t} + \\epsilon \\\\
+b_t &= \\mu b_{t-1} + g / a_t, \\quad p \\leftarrow p - \\gamma b_t
+    \\quad\\text{or, without momentum,}\\quad p \\leftarrow p - \\gamma g / a_t
+\\end{aligned}
+$$
 
 ``eps`` is added outside the square root, and the momentum buffer holds
 ``g / a_t``: the *current* learning rate multiplies the whole buffer, as in

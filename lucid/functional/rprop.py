@@ -1,16 +1,18 @@
 """Resilient backpropagation (``torch.optim.Rprop``).
 
 With ``g`` the gradient (negated when ``maximize``), ``g'`` the stored
-previous gradient, :math:`\\eta^-, \\eta^+` the ``etas`` and
-:math:`[\\Delta_{min}, \\Delta_{max}]` the ``step_sizes``:
+previous gradient, $\\eta^-, \\eta^+$ the ``etas`` and
+$[\\Delta_{min}, \\Delta_{max}]$ the ``step_sizes``:
 
-.. math::
-
-    s &= \\operatorname{sign}(g\\, g'), \\qquad
-    f = \\eta^+ \\text{ if } s > 0,\\ \\eta^- \\text{ if } s < 0,\\ 1 \\text{ if } s = 0 \\\\
-    \\Delta &\\leftarrow \\operatorname{clamp}(\\Delta f, \\Delta_{min}, \\Delta_{max}) \\\\
-    g &\\leftarrow 0 \\text{ where } f = \\eta^- \\\\
-    p &\\leftarrow p - \\operatorname{sign}(g)\\, \\Delta, \\qquad g' \\leftarrow g
+$$
+\\begin{aligned}
+s &= \\operatorname{sign}(g\\, g'), \\qquad
+f = \\eta^+ \\text{ if } s > 0,\\ \\eta^- \\text{ if } s < 0,\\ 1 \\text{ if } s = 0 \\\\
+\\Delta &\\leftarrow \\operatorname{clamp}(\\Delta f, \\Delta_{min}, \\Delta_{max}) \\\\
+g &\\leftarrow 0 \\text{ where } f = \\eta^- \\\\
+p &\\leftarrow p - \\operatorname{sign}(g)\\, \\Delta, \\qquad g' \\leftarrow g
+\\end{aligned}
+$$
 
 The per-element step size ``step_size`` starts as ``lr`` everywhere (``lr``
 has no effect after that), and where the gradient changed sign the *zeroed*

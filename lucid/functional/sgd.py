@@ -2,12 +2,14 @@
 
 With ``g`` the gradient (negated when ``maximize``):
 
-.. math::
-
-    g &\\leftarrow g + \\lambda p \\\\
-    b_1 &= g, \\quad b_t = \\mu b_{t-1} + (1-\\tau) g \\\\
-    g &\\leftarrow g + \\mu b_t \\text{ (nesterov) or } b_t \\\\
-    p &\\leftarrow p - \\gamma g
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda p \\\\
+b_1 &= g, \\quad b_t = \\mu b_{t-1} + (1-\\tau) g \\\\
+g &\\leftarrow g + \\mu b_t \\text{ (nesterov) or } b_t \\\\
+p &\\leftarrow p - \\gamma g
+\\end{aligned}
+$$
 
 The momentum buffer starts as the raw gradient, without dampening, as in
 torch. torch keeps no ``step`` for SGD and creates the buffer at the first

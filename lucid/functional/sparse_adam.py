@@ -6,13 +6,15 @@ Only the gradient's *present* entries change: the stored indices of a
 gradient (negated when ``maximize``), ``t`` the parameter's step counter and
 ``present`` that mask:
 
-.. math::
-
-    m &\\leftarrow m + (1-\\beta_1)(g - m), \\qquad
-    v \\leftarrow v + (1-\\beta_2)(g^2 - v) \\\\
-    p &\\leftarrow p - \\gamma\\,\\frac{\\sqrt{1-\\beta_2^t}}{1-\\beta_1^t}\\,
-        \\frac{m}{\\sqrt{v} + \\epsilon}
-    \\qquad\\text{(all three where present; unchanged elsewhere)}
+$$
+\\begin{aligned}
+m &\\leftarrow m + (1-\\beta_1)(g - m), \\qquad
+v \\leftarrow v + (1-\\beta_2)(g^2 - v) \\\\
+p &\\leftarrow p - \\gamma\\,\\frac{\\sqrt{1-\\beta_2^t}}{1-\\beta_1^t}\\,
+    \\frac{m}{\\sqrt{v} + \\epsilon}
+\\qquad\\text{(all three where present; unchanged elsewhere)}
+\\end{aligned}
+$$
 
 Unlike Adam, ``eps`` is added to the *uncorrected* ``sqrt(v)``, and the bias
 corrections use the parameter's own step counter, which counts every update

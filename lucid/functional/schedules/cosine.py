@@ -9,7 +9,9 @@ telescope, and the additive step lands on the same curve (``1 - cos(pi/T) =
 ``T_max``, where it keeps oscillating with period ``2 T_max`` (optax's
 cosine decay clamps instead) -- is the closed form
 
-.. math::  \\eta_t = \\eta_{min} + (b - \\eta_{min})\\,\\frac{1 + \\cos(\\pi t / T)}{2}.
+$$
+\\eta_t = \\eta_{min} + (b - \\eta_{min})\\,\\frac{1 + \\cos(\\pi t / T)}{2}.
+$$
 
 Evaluated with torch's own expression in float64 this reproduces torch's
 recursion to ~1e-13 relative (also near the troughs, where both carry the

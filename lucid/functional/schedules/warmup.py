@@ -1,7 +1,9 @@
 """Warm-up schedules: the Noam schedule (Vaswani et al., 2017); torch has no counterpart.
 
-.. math::  lr(t) = f \\cdot d_{model}^{-1/2} \\min(k^{-1/2},\\; k \\cdot w^{-3/2}),
-           \\qquad k = \\max(1, t)
+$$
+lr(t) = f \\cdot d_{model}^{-1/2} \\min(k^{-1/2},\\; k \\cdot w^{-3/2}),
+       \\qquad k = \\max(1, t)
+$$
 
 a linear warm-up over ``w = warmup_steps`` steps followed by inverse
 square-root decay. The value is absolute: the optimizer's own lr is not a
