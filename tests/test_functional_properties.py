@@ -159,3 +159,15 @@ def test_float64_transform_matches_numpy_for_one_hand_checked_step():
     m, v = 0.1 * g, 0.01 * g**2
     expected = -0.1 / 0.1 * m / (np.sqrt(v) / np.sqrt(0.01) + 1e-8)
     np.testing.assert_allclose(np.asarray(update), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", ONE_PER_OPTIMIZER, ids=case_id)
+def test_state_can_be_donated_to_a_jitted_step(case):
+    """No two state leaves may share a buffer, or XLA refuses the donation."""
+    name, options = case
+    tx = functional(name)(**options)
+    params = _params(jnp.float32)
+    step = jax.jit(_step(tx), donate_argnums=(0, 1))
+    params, state = step(params, tx.init(params))
+    params, state = step(params, state)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(params))

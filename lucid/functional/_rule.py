@@ -157,10 +157,22 @@ def apply_leaf(
 
 
 def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array) -> Any:
-    """The state ``rule`` starts from for one parameter."""
+    """The state ``rule`` starts from for one parameter.
+
+    Every field gets its own buffer (a rule may build two moments from one
+    zeros array), so the state can be donated to a jitted step.
+    """
     cdtype = compute_dtype(param.dtype)
     hyper_c = {k: jnp.asarray(v, cdtype) for k, v in hyper.items()}
-    return rule.init(param, hyper_c, **flags)
+    state = rule.init(param, hyper_c, **flags)
+    seen: set[int] = set()
+    fields = []
+    for value in state:
+        if value is not None and id(value) in seen:
+            value = jnp.array(value, copy=True)
+        seen.add(id(value))
+        fields.append(value)
+    return type(state)(*fields)
 
 
 def step_count(state: Any) -> Array:
