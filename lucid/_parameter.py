@@ -114,32 +114,23 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray)
 
 
-def _value_and_grads(
-    loss_fn: Callable[..., Any], dynamic: tuple[list, list, list], static: tuple
-) -> tuple[jax.Array, tuple[list, list]]:
-    """Loss and gradients w.r.t. the free Parameters' values and the stores' buffers."""
-    treedef, kinds, static_leaves, layouts = static
-
-    def loss_of(free: list, stored: list, arrays: list) -> jax.Array:
-        free_it, array_it, other_it = iter(free), iter(arrays), iter(static_leaves)
-        views = [_views(buffer, layout) for buffer, layout in zip(stored, layouts)]
-        leaves = []
-        for kind in kinds:
-            if kind[0] == "param":
-                leaves.append(next(free_it))
-            elif kind[0] == "stored":
-                leaves.append(views[kind[1]][kind[2]])
-            elif kind[0] == "array":
-                leaves.append(next(array_it))
-            else:
-                leaves.append(next(other_it))
-        tree, args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-        return loss_fn(tree, *args, **kwargs)
-
-    return jax.value_and_grad(loss_of, argnums=(0, 1))(*dynamic)
+def leaves_from(kinds: tuple, free: list, views: list, arrays: list, static_leaves: tuple) -> list:
+    """The flattened ``(tree, args, kwargs)`` leaves, from :func:`partition`'s pieces."""
+    free_it, array_it, other_it = iter(free), iter(arrays), iter(static_leaves)
+    leaves = []
+    for kind in kinds:
+        if kind[0] == "param":
+            leaves.append(next(free_it))
+        elif kind[0] == "stored":
+            leaves.append(views[kind[1]][kind[2]])
+        elif kind[0] == "array":
+            leaves.append(next(array_it))
+        else:
+            leaves.append(next(other_it))
+    return leaves
 
 
-def _views(buffer: jax.Array, layout: tuple) -> list[jax.Array]:
+def views_of(buffer: jax.Array, layout: tuple) -> list[jax.Array]:
     """A store's buffer as its parameters' arrays (inside a trace)."""
     flat, sizes, shapes = layout
     if not flat:
@@ -149,6 +140,35 @@ def _views(buffer: jax.Array, layout: tuple) -> list[jax.Array]:
         out.append(buffer[offset : offset + size].reshape(shape))
         offset += size
     return out
+
+
+def join_views(arrays: list[jax.Array], layout: tuple) -> jax.Array:
+    """The inverse of :func:`views_of`: per-parameter arrays into the store's layout.
+
+    Gradients are taken with respect to the views and joined here: differentiating
+    through the slices of a flat buffer instead would pad every slice's gradient
+    to the buffer's full size before summing (2000 tensors: 2000 full buffers).
+    """
+    flat = layout[0]
+    return jnp.concatenate([jnp.ravel(a) for a in arrays]) if flat else arrays[0]
+
+
+def _value_and_grads(
+    loss_fn: Callable[..., Any], dynamic: tuple[list, list, list], static: tuple
+) -> tuple[jax.Array, tuple[list, list]]:
+    """Loss and gradients w.r.t. the free Parameters' values and the stores' buffers."""
+    treedef, kinds, static_leaves, layouts = static
+    free, stored, arrays = dynamic
+
+    def loss_of(free: list, views: list) -> jax.Array:
+        leaves = leaves_from(kinds, free, views, arrays, static_leaves)
+        tree, args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+        return loss_fn(tree, *args, **kwargs)
+
+    views = [views_of(buffer, layout) for buffer, layout in zip(stored, layouts)]
+    loss, (free_grads, view_grads) = jax.value_and_grad(loss_of, argnums=(0, 1))(free, views)
+    store_grads = [join_views(g, layout) for g, layout in zip(view_grads, layouts)]
+    return loss, (free_grads, store_grads)
 
 
 _compiled_value_and_grads = jax.jit(_value_and_grads, static_argnums=(0, 2))

@@ -9,8 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
-import lucid
 from cases import CASES, case_id
 from oracle import (
     F64_RTOL,
@@ -24,6 +22,8 @@ from oracle import (
     to_numpy,
 )
 from test_shell import _assert_params_close, _assert_unchanged, _lucid_step, _snapshot
+
+import lucid
 
 
 def _compare_states(ours: dict, theirs: dict, rtol: float) -> None:
@@ -41,7 +41,9 @@ def test_compiled_matches_torch_in_every_option(case, compile_at):
     name, options = case
     init = problem()
     expected, torch_sd = run_torch(getattr(torch.optim, name), options, init, "float64")
-    actual, opt = run_shell(getattr(lucid.optim, name), options, init, "float64", compile_at=compile_at)
+    actual, opt = run_shell(
+        getattr(lucid.optim, name), options, init, "float64", compile_at=compile_at
+    )
     assert opt._owner is not None
     for key in expected:
         chex.assert_trees_all_close(actual[key], expected[key], rtol=F64_RTOL, atol=1e-13)
@@ -58,7 +60,9 @@ def test_compiled_float32_equals_eager_float32_to_an_ulp(case):
     name, options = case
     init = problem()
     eager, _ = run_shell(getattr(lucid.optim, name), options, init, "float32", steps=10)
-    compiled, _ = run_shell(getattr(lucid.optim, name), options, init, "float32", steps=10, compile_at=0)
+    compiled, _ = run_shell(
+        getattr(lucid.optim, name), options, init, "float32", steps=10, compile_at=0
+    )
     for key in eager:
         assert relative_error(compiled[key], eager[key]) <= 1e-6
 
@@ -73,10 +77,16 @@ def _torch_params():
 
 def test_a_hundred_steps_under_a_scheduler_compile_once():
     params, tparams = _params(), _torch_params()
-    opt = lucid.optim.Adam([{"params": [params["w"]]}, {"params": [params["b"]], "lr": 0.02}],
-                           lr=0.01, weight_decay=0.01)
-    topt = torch.optim.Adam([{"params": [tparams["w"]]}, {"params": [tparams["b"]], "lr": 0.02}],
-                            lr=0.01, weight_decay=0.01)
+    opt = lucid.optim.Adam(
+        [{"params": [params["w"]]}, {"params": [params["b"]], "lr": 0.02}],
+        lr=0.01,
+        weight_decay=0.01,
+    )
+    topt = torch.optim.Adam(
+        [{"params": [tparams["w"]]}, {"params": [tparams["b"]], "lr": 0.02}],
+        lr=0.01,
+        weight_decay=0.01,
+    )
     sched = lucid.optim.lr_scheduler.OneCycleLR(opt, max_lr=[0.05, 0.1], total_steps=101)
     tsched = torch.optim.lr_scheduler.OneCycleLR(topt, max_lr=[0.05, 0.1], total_steps=101)
     lucid.compile_optimizer(opt)
@@ -100,7 +110,9 @@ def test_ownership_rules():
     opt = lucid.optim.SGD(list(params.values()), lr=0.1, momentum=0.9)
     _lucid_step(opt, params)
     compiled = lucid.compile_optimizer(opt)
-    assert lucid.compile_optimizer(opt) is compiled and lucid.optim.compile_optimizer(opt) is compiled
+    assert (
+        lucid.compile_optimizer(opt) is compiled and lucid.optim.compile_optimizer(opt) is compiled
+    )
     assert compiled.param_groups is opt.param_groups
     _lucid_step(opt, params)  # opt.step() runs the compiled step
     assert opt.state_dict()["state"].keys() == compiled.state_dict()["state"].keys()
@@ -192,7 +204,9 @@ def test_checkpoints_move_eager_compiled_torch():
     opt2 = lucid.optim.Adam(list(params2.values()), **options)
     lucid.compile_optimizer(opt2).load_state_dict(eager_sd)
     # torch -> compiled
-    params3 = {k: lucid.Parameter(jnp.asarray(v.detach().numpy().copy())) for k, v in tparams.items()}
+    params3 = {
+        k: lucid.Parameter(jnp.asarray(v.detach().numpy().copy())) for k, v in tparams.items()
+    }
     opt3 = lucid.optim.Adam(list(params3.values()), **options)
     lucid.compile_optimizer(opt3)
     opt3.load_state_dict(topt.state_dict())
@@ -211,10 +225,14 @@ def test_checkpoints_move_eager_compiled_torch():
     tparams5 = {k: torch.tensor(np.asarray(p.data), requires_grad=True) for k, p in params2.items()}
     topt5 = torch.optim.Adam(list(tparams5.values()), **options)
     sd = opt2.state_dict()
-    topt5.load_state_dict({
-        "state": {i: {n: torch.as_tensor(v) for n, v in s.items()} for i, s in sd["state"].items()},
-        "param_groups": sd["param_groups"],
-    })
+    topt5.load_state_dict(
+        {
+            "state": {
+                i: {n: torch.as_tensor(v) for n, v in s.items()} for i, s in sd["state"].items()
+            },
+            "param_groups": sd["param_groups"],
+        }
+    )
     for _ in range(5):
         _lucid_step(opt4, params4)
         _lucid_step(opt2, params2)
@@ -287,6 +305,7 @@ def test_compiled_lbfgs_is_the_functional_bb_step():
     ref = {k: p.data for k, p in params.items()}
     ref_state = tx.init(ref)
     for _ in range(5):
+
         def closure():
             opt.zero_grad()
             return lucid.backward(loss_jax, params)

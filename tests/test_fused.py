@@ -8,22 +8,25 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
-import lucid
 from oracle import count_compiles, loss_jax, loss_torch, problem
 from test_shell import _assert_params_close, _lucid_step
+
+import lucid
 
 
 def _params():
     return {k: lucid.Parameter(jnp.asarray(v)) for k, v in sorted(problem().items())}
 
 
-@pytest.mark.parametrize("name,options", [
-    ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
-    ("Adam", {"lr": 0.01, "amsgrad": True}),
-    ("AdamW", {"lr": 0.01, "weight_decay": 0.1}),
-    ("RMSprop", {"lr": 0.01, "centered": True, "momentum": 0.5}),
-])
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
+        ("Adam", {"lr": 0.01, "amsgrad": True}),
+        ("AdamW", {"lr": 0.01, "weight_decay": 0.1}),
+        ("RMSprop", {"lr": 0.01, "centered": True, "momentum": 0.5}),
+    ],
+)
 def test_fused_step_matches_torch_and_returns_the_loss(name, options):
     params = _params()
     tparams = {k: torch.tensor(v, requires_grad=True) for k, v in sorted(problem().items())}
@@ -42,7 +45,9 @@ def test_fused_step_matches_torch_and_returns_the_loss(name, options):
     sd, tsd = opt.state_dict(), topt.state_dict()
     for index, state in tsd["state"].items():
         for key, value in state.items():
-            chex.assert_trees_all_close(np.asarray(sd["state"][index][key]), value.numpy(), rtol=1e-9)
+            chex.assert_trees_all_close(
+                np.asarray(sd["state"][index][key]), value.numpy(), rtol=1e-9
+            )
 
 
 def test_fused_step_compiles_once_under_a_scheduler_and_mixes_with_eager_steps():
@@ -73,7 +78,9 @@ def test_fused_step_with_extra_arguments_and_constants():
     w = lucid.Parameter(jnp.ones(3))
     frozen = lucid.Parameter(jnp.full(3, 2.0))  # not in the optimizer: a constant
     opt = lucid.optim.SGD([w], lr=0.1)
-    fused = lucid.optim.fused_step(lambda m, x, scale=1.0: scale * jnp.sum((m[0] * m[1] - x) ** 2), opt)
+    fused = lucid.optim.fused_step(
+        lambda m, x, scale=1.0: scale * jnp.sum((m[0] * m[1] - x) ** 2), opt
+    )
     x = jnp.asarray([1.0, 2.0, 3.0])
     fused((w, frozen), x, scale=0.5)
     expected = 1.0 - 0.1 * 0.5 * 2 * (2.0 - x) * 2.0

@@ -29,8 +29,10 @@ SCRIPT = textwrap.dedent(
         return jnp.mean(jnp.tanh(x @ m["w"] + m["b"]) ** 2) + jnp.sum(jnp.sin(m["s"]) ** 2)
 
     def make(sharded):
-        put = (lambda k, v: jax.device_put(jnp.asarray(v), NamedSharding(mesh, specs[k]))) if sharded \\
-            else (lambda k, v: jnp.asarray(v))
+        def put(k, v):
+            v = jnp.asarray(v)
+            return jax.device_put(v, NamedSharding(mesh, specs[k])) if sharded else v
+
         return {k: lucid.Parameter(put(k, v)) for k, v in sorted(init.items())}
 
     def check_sharding(params, opt):
@@ -41,7 +43,8 @@ SCRIPT = textwrap.dedent(
         for index, (k, p) in enumerate(sorted(params.items())):
             for name, value in sd["state"][index].items():
                 if getattr(value, "ndim", 0):
-                    assert value.sharding.is_equivalent_to(NamedSharding(mesh, specs[k]), value.ndim), (k, name)
+                    expected = NamedSharding(mesh, specs[k])
+                    assert value.sharding.is_equivalent_to(expected, value.ndim), (k, name)
 
     results = {}
     for mode in ("eager", "compiled", "fused"):
@@ -63,7 +66,8 @@ SCRIPT = textwrap.dedent(
             results[mode, sharded] = {k: np.asarray(p.data) for k, p in params.items()}
     for key, value in results.items():
         for k in value:
-            np.testing.assert_allclose(value[k], results["eager", False][k], rtol=1e-12, err_msg=str(key))
+            expected = results["eager", False][k]
+            np.testing.assert_allclose(value[k], expected, rtol=1e-12, err_msg=str(key))
     print("OK")
     """
 )

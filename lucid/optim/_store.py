@@ -75,6 +75,7 @@ class Store:
         self.params = list(params)
         self.flat = flat
         self.dtype = values[0].dtype
+        self.wide = self.dtype == np.float64  # hyper-parameters in float64 too
         self.shapes = tuple(tuple(v.shape) for v in values)
         self.sizes = tuple(int(np.prod(s)) for s in self.shapes)
         self.offsets = tuple(int(o) for o in np.cumsum((0, *self.sizes))[:-1])

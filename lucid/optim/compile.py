@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._parameter import Parameter, _views, partition
-from ..functional._rule import Rule, apply_leaf, compute_dtype, pack
+from .._parameter import Parameter, join_views, leaves_from, partition, views_of
+from ..functional._rule import Rule, apply_leaf, pack
 from ._store import Store, dense, device_key, is_unsharded
 from .optimizer import Optimizer
 
@@ -78,6 +78,7 @@ class _CompiledStepBase:
         self.rule: Rule = optimizer.rule
         self._buckets: list[_Bucket] = []
         self._executables: dict[Any, Callable] = {}
+        self._device_vectors: dict[type, tuple[list[float], jax.Array]] = {}
         self._build(self._entries(self._adoptable_states()))
 
     # ------------------------------------------------------------ the API
@@ -101,11 +102,13 @@ class _CompiledStepBase:
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every bucket whose parameters all have gradients."""
         loss = closure() if closure is not None else None
-        if any(0 < b.store.has_grad.sum() < len(b.store.params) for b in self._buckets):
-            self._rebuild()  # some parameters of a bucket lost their gradient: split it
         active = [b for b in self._buckets if b.store.has_grad.all()]
-        if not active:
-            return loss
+        if len(active) < len(self._buckets):
+            if any(b.store.has_grad.any() for b in self._buckets if b not in active):
+                self._rebuild()  # some parameters of a bucket lost their gradient: split it
+                active = [b for b in self._buckets if b.store.has_grad.all()]
+            if not active:
+                return loss
         plans, hyper32, hyper64 = self._hyper(active)
         run = self._executable(("step", plans), lambda: _step_function(self.rule, plans))
         values, states = run(
@@ -172,7 +175,12 @@ class _CompiledStepBase:
         else:
             placement = ("sharded", id(entry.param))
         return (
-            entry.group, str(entry.value.dtype), placement, entry.stepped, scalars, fields,
+            entry.group,
+            str(entry.value.dtype),
+            placement,
+            entry.stepped,
+            scalars,
+            fields,
             entry.grad is not None,
         )
 
@@ -190,12 +198,16 @@ class _CompiledStepBase:
                 store.grads = store.like([jnp.asarray(dense(g), store.dtype) for g in grads])
                 store.has_grad[:] = True
             first = members[0].state
-            state = type(first)(*(
-                None if value is None
-                else jnp.array(value, copy=True) if name in self.rule.scalar_state
-                else store.like([getattr(e.state, name) for e in members])
-                for name, value in zip(first._fields, first)
-            ))
+            state = type(first)(
+                *(
+                    None
+                    if value is None
+                    else jnp.array(value, copy=True)
+                    if name in self.rule.scalar_state
+                    else store.like([getattr(e.state, name) for e in members])
+                    for name, value in zip(first._fields, first)
+                )
+            )
             buckets.append(_Bucket(store, key[0], state, members[0].stepped))
         self._buckets = buckets
         for bucket in buckets:
@@ -258,13 +270,23 @@ class _CompiledStepBase:
             hyper, flags = self.rule.split(self.optimizer.param_groups[bucket.group])
             packed = pack(self.rule, hyper)
             names = tuple(sorted(packed))
-            is_wide = compute_dtype(bucket.store.dtype) == np.float64
+            is_wide = bucket.store.wide
             target = wide if is_wide else narrow
             plans.append(_Plan(tuple(sorted(flags.items())), is_wide, len(target), names))
-            target.extend(float(np.asarray(packed[n])) for n in names)
-        hyper32 = np.asarray(narrow, np.float32)
-        hyper64 = np.asarray(wide, np.float64) if wide else None
-        return tuple(plans), hyper32, hyper64
+            target.extend(map(_as_float, (packed[n] for n in names)))
+        return tuple(plans), self._on_device(narrow, np.float32), self._on_device(wide, np.float64)
+
+    def _on_device(self, values: list[float], dtype: type) -> Any:
+        """``values`` as a device array, reusing the last one when nothing changed
+        (a host-to-device copy is the largest fixed cost of a small step)."""
+        if not values:
+            return None
+        cached = self._device_vectors.get(dtype)
+        if cached is not None and cached[0] == values:
+            return cached[1]
+        array = jax.device_put(np.asarray(values, dtype))
+        self._device_vectors[dtype] = (values, array)
+        return array
 
     def _executable(self, key: Any, make: Callable[[], Callable]) -> Callable:
         if key not in self._executables:
@@ -279,7 +301,7 @@ class _CompiledStepBase:
 
     def _fused(self, loss_fn: Callable, tree: Any, args: tuple, kwargs: dict) -> jax.Array:
         """Forward, backward and update of every bucket in one executable."""
-        dynamic, static, free, stores = partition(tree, args, kwargs)
+        dynamic, static, _, stores = partition(tree, args, kwargs)
         position = {id(b.store): i for i, b in enumerate(self._buckets)}
         if any(id(s) not in position for s in stores):
             raise ValueError("fused_step: the model holds parameters of another compiled optimizer")
@@ -304,6 +326,10 @@ class _CompiledStepBase:
         return loss
 
 
+def _as_float(value: Any) -> float:
+    return value if type(value) is float else float(np.asarray(value))
+
+
 def _hyper_of(plan: _Plan, hyper32: jax.Array, hyper64: Any) -> dict[str, jax.Array]:
     vector = hyper64 if plan.wide else hyper32
     return {name: vector[plan.start + i] for i, name in enumerate(plan.names)}
@@ -326,23 +352,14 @@ def _fused_function(rule: Rule, loss_fn: Callable, structure: tuple, plans: tupl
     treedef, kinds, static_leaves, layouts = structure
 
     def fused(hyper32, hyper64, values, states, free_values, arrays):
-        def loss_of(buffers):
-            views = [_views(buffer, layout) for buffer, layout in zip(buffers, layouts)]
-            free_it, array_it, other_it = iter(free_values), iter(arrays), iter(static_leaves)
-            leaves = []
-            for kind in kinds:
-                if kind[0] == "stored":
-                    leaves.append(views[kind[1]][kind[2]])
-                elif kind[0] == "param":
-                    leaves.append(next(free_it))
-                elif kind[0] == "array":
-                    leaves.append(next(array_it))
-                else:
-                    leaves.append(next(other_it))
+        def loss_of(views):
+            leaves = leaves_from(kinds, free_values, views, arrays, static_leaves)
             tree, args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
             return loss_fn(tree, *args, **kwargs)
 
-        loss, grads = jax.value_and_grad(loss_of)(values)
+        views = [views_of(buffer, layout) for buffer, layout in zip(values, layouts)]
+        loss, view_grads = jax.value_and_grad(loss_of)(views)
+        grads = [join_views(g, layout) for g, layout in zip(view_grads, layouts)]
         new_values, new_states = [], []
         for plan, value, grad, state in zip(plans, values, grads, states):
             hyper = _hyper_of(plan, hyper32, hyper64)
@@ -376,13 +393,35 @@ class _CompiledLBFGS(_CompiledStepBase):
 
 def _registry() -> dict[type, type[_CompiledStepBase]]:
     from . import (
-        ASGD, SGD, Adadelta, Adagrad, Adam, AdamW, Adamax, NAdam, RAdam, RMSprop, Rprop,
+        ASGD,
+        SGD,
+        Adadelta,
+        Adagrad,
+        Adam,
+        Adamax,
+        AdamW,
+        NAdam,
+        RAdam,
+        RMSprop,
+        Rprop,
         SparseAdam,
     )
     from .lbfgs import LBFGS
 
-    classes = [SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, Adamax, RAdam, NAdam, ASGD, Rprop,
-               SparseAdam]
+    classes = [
+        SGD,
+        Adam,
+        AdamW,
+        RMSprop,
+        Adagrad,
+        Adadelta,
+        Adamax,
+        RAdam,
+        NAdam,
+        ASGD,
+        Rprop,
+        SparseAdam,
+    ]
     registry = {cls: _compiled_class(cls) for cls in classes}
     _CompiledLBFGS.optimizer_class = LBFGS
     registry[LBFGS] = _CompiledLBFGS
