@@ -42,7 +42,8 @@ class Parameter:
 
     @data.setter
     def data(self, value: Any) -> None:
-        value = jnp.asarray(value)
+        if not isinstance(value, jax.Array):
+            value = jnp.asarray(value)
         if self._store is not None:
             self._store.write(self._index, value)
         else:

@@ -54,3 +54,12 @@ def test_readme_functional_example_builds_a_working_transform():
     updates, _ = tx.update({"w": jnp.full(3, 10.0)}, tx.init(params), params)
     new = optax.apply_updates(params, updates)
     assert float(new["w"][0]) < 1.0
+
+
+def test_the_docs_getting_started_page_shows_the_same_two_commands():
+    docs = README.parent / "docs" / "getting-started.md"
+
+    def first_bash(path: pathlib.Path) -> str:
+        return re.search(r"```bash\n(.*?)```", path.read_text(), flags=re.S).group(1)
+
+    assert first_bash(docs) == first_bash(README)

@@ -42,11 +42,13 @@ def to_array(value: Any) -> Any:
 
 
 @functools.cache
-def _group_step(rule: Rule, flags: tuple[tuple[str, Any], ...]) -> Callable:
-    """One jitted function per (rule, static flags): the rule over a list of parameters."""
+def _group_step(rule: Rule, flags: tuple[tuple[str, Any], ...], names: tuple[str, ...]) -> Callable:
+    """One jitted function per (rule, static flags, hyper-parameter names): the rule over
+    a list of parameters, the hyper-parameters arriving as one vector (one transfer)."""
     options = dict(flags)
 
-    def run(hyper, params, grads, states):
+    def run(vector, params, grads, states):
+        hyper = {name: vector[i] for i, name in enumerate(names)}
         out = [apply_leaf(rule, options, hyper, p, g, s) for p, g, s in zip(params, grads, states)]
         return [o[0] for o in out], [o[1] for o in out]
 
@@ -157,13 +159,17 @@ class Optimizer:
         return loss
 
     def _hyper_dtype(self, params: list[Parameter]) -> np.dtype:
-        return max((compute_dtype(p.dtype) for p in params), key=lambda d: d.itemsize)
+        """float64 when any parameter is float64 (hyper-parameters in its precision)."""
+        return np.dtype(np.float64 if any(p.dtype == np.float64 for p in params) else np.float32)
 
-    def _hyper_arrays(self, group: Mapping[str, Any], params: list[Parameter]) -> dict[str, Any]:
-        """The group's float hyper-parameters as arrays (``1 - x`` in double on the host)."""
-        hyper, _ = self.rule.split(group)
-        dtype = self._hyper_dtype(params)
-        return {k: np.asarray(v, dtype) for k, v in pack(self.rule, hyper).items()}
+    def _hyper_vector(
+        self, hyper: Mapping[str, Any], params: list[Parameter]
+    ) -> tuple[tuple[str, ...], np.ndarray]:
+        """The group's float hyper-parameters as (names, one vector), ``1 - x`` in double."""
+        packed = pack(self.rule, hyper)
+        names = tuple(sorted(packed))
+        values = [float(np.asarray(packed[n])) for n in names]
+        return names, np.asarray(values, self._hyper_dtype(params))
 
     def _initial_state(self, group: Mapping[str, Any], p: Parameter) -> Any:
         """The state torch creates for ``p`` at its first step."""
@@ -186,22 +192,24 @@ class Optimizer:
         if not params:
             return None
         for p in params:
-            if tuple(jnp.shape(p.grad)) != p.shape:
+            grad = p.grad
+            if tuple(grad.shape) != p.shape:
                 raise ValueError(
-                    f"a gradient of shape {tuple(jnp.shape(p.grad))} was given for a parameter "
+                    f"a gradient of shape {tuple(grad.shape)} was given for a parameter "
                     f"of shape {p.shape}"
                 )
-            if jnp.result_type(p.grad) != p.dtype:
+            if grad.dtype != p.dtype:
                 raise ValueError(
-                    f"a gradient of dtype {jnp.result_type(p.grad)} was given for a parameter "
+                    f"a gradient of dtype {grad.dtype} was given for a parameter "
                     f"of dtype {p.dtype}"
                 )
-        _, flags = self.rule.split(group)
-        fn = _group_step(self.rule, tuple(sorted(flags.items())))
+        hyper, flags = self.rule.split(group)
+        names, vector = self._hyper_vector(hyper, params)
+        fn = _group_step(self.rule, tuple(sorted(flags.items())), names)
         states = [self._leaf_state(group, p) for p in params]
-        return fn, self._hyper_arrays(group, params), params, states
+        return fn, vector, params, states
 
-    def _run(self, fn: Callable, hyper: dict, params: list[Parameter], states: list) -> None:
+    def _run(self, fn: Callable, hyper: np.ndarray, params: list[Parameter], states: list) -> None:
         new_params, new_states = fn(
             hyper, [p.data for p in params], [p.grad for p in params], states
         )
