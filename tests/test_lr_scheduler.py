@@ -442,7 +442,12 @@ def _describe(error: BaseException) -> tuple[type, str]:
     return type(error), str(error).replace("torch.optim.lr_scheduler", "").strip()
 
 
-@pytest.mark.parametrize(("name", "options"), INVALID, ids=lambda v: str(v))
+def _stable_id(value: object) -> str:
+    """A test id without memory addresses (pytest-xdist workers must agree on ids)."""
+    return re.sub(r"<function (\w+) at 0x[0-9a-f]+>", r"\1", str(value))
+
+
+@pytest.mark.parametrize(("name", "options"), INVALID, ids=_stable_id)
 def test_invalid_arguments_raise_torchs_errors_and_change_nothing(name, options):
     torch_opt = torch_optimizer(lrs=(0.1, 0.05))
     with pytest.raises(Exception) as torch_error:  # the type is compared below
