@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import optax
 
-from . import _validate
-from ._math import lerp, one_minus_pow
-from ._rule import Rule, is_zero, transform
+from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
+from ._math import one_minus_pow
+from ._rule import Rule, transform
 
 
 class AdamState(NamedTuple):
@@ -40,30 +40,8 @@ class AdamState(NamedTuple):
     max_exp_avg_sq: Any  # None unless amsgrad
 
 
-def validate_adam_family(o: dict, name: str) -> None:
-    """torch's checks for Adam-like optimizers: lr, eps, betas, weight_decay."""
-    _validate.common(o, name)
-    _validate.non_negative(o["eps"], "epsilon value")
-    _validate.betas(o["betas"])
-    _validate.non_negative(o["weight_decay"], "weight_decay value")
-
-
 def _split(o: dict) -> tuple[dict, dict]:
-    beta1, beta2 = o["betas"]
-    hyper = {
-        "lr": o["lr"],
-        "beta1": beta1,
-        "beta2": beta2,
-        "eps": o["eps"],
-        "weight_decay": o["weight_decay"],
-    }
-    flags = {
-        "amsgrad": bool(o["amsgrad"]),
-        "maximize": bool(o["maximize"]),
-        "decoupled_weight_decay": bool(o["decoupled_weight_decay"]),
-        "use_weight_decay": not is_zero(o["weight_decay"]),
-    }
-    return hyper, flags
+    return split_adam_family(o, flags=("amsgrad", "decoupled_weight_decay"))
 
 
 def _init(param, hyper, *, amsgrad, **_) -> AdamState:
@@ -80,14 +58,15 @@ def _update(param, grad, state, h, *, amsgrad, maximize, decoupled_weight_decay,
     step = state.step + 1
     t = step.astype(param.dtype)
     lr = h["lr"]
-    g = -grad if maximize else grad
-    if use_weight_decay:
-        if decoupled_weight_decay:
-            param = param * (1 - lr * h["weight_decay"])
-        else:
-            g = g + h["weight_decay"] * param
-    exp_avg = lerp(state.exp_avg, g, h["one_minus_beta1"])
-    exp_avg_sq = state.exp_avg_sq * h["beta2"] + h["one_minus_beta2"] * g * g
+    param, g = decayed(
+        param,
+        grad,
+        h,
+        maximize=maximize,
+        use_weight_decay=use_weight_decay,
+        decoupled=decoupled_weight_decay,
+    )
+    exp_avg, exp_avg_sq = moments(state.exp_avg, state.exp_avg_sq, g, h)
     step_size = lr / one_minus_pow(h["one_minus_beta1"], t)
     bias_correction2_sqrt = jnp.sqrt(one_minus_pow(h["one_minus_beta2"], t))
     max_exp_avg_sq = None

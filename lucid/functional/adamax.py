@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import optax
 
-from . import _validate
+from ._adam_family import decayed, split_adam_family, validate_adam_family
 from ._math import lerp, one_minus_pow
-from ._rule import Rule, is_zero, transform
+from ._rule import Rule, transform
 
 
 class AdamaxState(NamedTuple):
@@ -33,27 +33,8 @@ class AdamaxState(NamedTuple):
     exp_inf: Any
 
 
-def _validate_adamax(o: dict) -> None:
-    _validate.common(o, "Adamax")
-    _validate.non_negative(o["eps"], "epsilon value")
-    _validate.betas(o["betas"])
-    _validate.non_negative(o["weight_decay"], "weight_decay value")
-
-
 def _split(o: dict) -> tuple[dict, dict]:
-    beta1, beta2 = o["betas"]
-    hyper = {
-        "lr": o["lr"],
-        "beta1": beta1,
-        "beta2": beta2,
-        "eps": o["eps"],
-        "weight_decay": o["weight_decay"],
-    }
-    flags = {
-        "use_weight_decay": not is_zero(o["weight_decay"]),
-        "maximize": bool(o["maximize"]),
-    }
-    return hyper, flags
+    return split_adam_family(o)
 
 
 def _init(param, hyper, **_) -> AdamaxState:
@@ -64,9 +45,9 @@ def _init(param, hyper, **_) -> AdamaxState:
 def _update(param, grad, state, h, *, use_weight_decay, maximize):
     step = state.step + 1
     t = step.astype(param.dtype)
-    g = -grad if maximize else grad
-    if use_weight_decay:
-        g = g + h["weight_decay"] * param
+    param, g = decayed(
+        param, grad, h, maximize=maximize, use_weight_decay=use_weight_decay, decoupled=False
+    )
     exp_avg = lerp(state.exp_avg, g, h["one_minus_beta1"])
     exp_inf = jnp.maximum(state.exp_inf * h["beta2"], jnp.abs(g) + h["eps"])
     clr = h["lr"] / one_minus_pow(h["one_minus_beta1"], t)
@@ -77,7 +58,7 @@ def _update(param, grad, state, h, *, use_weight_decay, maximize):
 ADAMAX = Rule(
     name="Adamax",
     state=AdamaxState,
-    validate=_validate_adamax,
+    validate=lambda o: validate_adam_family(o, "Adamax"),
     split=_split,
     init=_init,
     update=_update,

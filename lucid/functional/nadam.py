@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import optax
 
 from . import _validate
-from ._math import lerp, one_minus_pow
-from ._rule import Rule, is_zero, transform
-from .adam import validate_adam_family
+from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
+from ._math import one_minus_pow
+from ._rule import Rule, transform
 
 
 class NAdamState(NamedTuple):
@@ -49,21 +49,7 @@ def _validate_nadam(o: dict) -> None:
 
 
 def _split(o: dict) -> tuple[dict, dict]:
-    beta1, beta2 = o["betas"]
-    hyper = {
-        "lr": o["lr"],
-        "beta1": beta1,
-        "beta2": beta2,
-        "eps": o["eps"],
-        "weight_decay": o["weight_decay"],
-        "momentum_decay": o["momentum_decay"],
-    }
-    flags = {
-        "maximize": bool(o["maximize"]),
-        "decoupled_weight_decay": bool(o["decoupled_weight_decay"]),
-        "use_weight_decay": not is_zero(o["weight_decay"]),
-    }
-    return hyper, flags
+    return split_adam_family(o, hyper=("momentum_decay",), flags=("decoupled_weight_decay",))
 
 
 def _init(param, hyper, **_) -> NAdamState:
@@ -85,19 +71,20 @@ def _update(param, grad, state, h, *, maximize, decoupled_weight_decay, use_weig
     step = state.step + 1
     t = step.astype(param.dtype)
     lr = h["lr"]
-    g = -grad if maximize else grad
     bias_correction2 = one_minus_pow(h["one_minus_beta2"], t)
-    if use_weight_decay:
-        if decoupled_weight_decay:
-            param = param * (1 - lr * h["weight_decay"])
-        else:
-            g = g + h["weight_decay"] * param
+    param, g = decayed(
+        param,
+        grad,
+        h,
+        maximize=maximize,
+        use_weight_decay=use_weight_decay,
+        decoupled=decoupled_weight_decay,
+    )
     mu = _momentum(h["beta1"], h["momentum_decay"], t)
     mu_next = _momentum(h["beta1"], h["momentum_decay"], t + 1)
     mu_product = state.mu_product * mu
     mu_product_next = mu_product * mu_next
-    exp_avg = lerp(state.exp_avg, g, h["one_minus_beta1"])
-    exp_avg_sq = state.exp_avg_sq * h["beta2"] + h["one_minus_beta2"] * g * g
+    exp_avg, exp_avg_sq = moments(state.exp_avg, state.exp_avg_sq, g, h)
     denom = jnp.sqrt(exp_avg_sq / bias_correction2) + h["eps"]
     param = param + (-lr * (1 - mu) / (1 - mu_product)) * g / denom
     param = param + (-lr * mu_next / (1 - mu_product_next)) * exp_avg / denom

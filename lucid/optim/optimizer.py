@@ -200,8 +200,7 @@ class Optimizer:
                 )
             if grad.dtype != p.dtype:
                 raise ValueError(
-                    f"a gradient of dtype {grad.dtype} was given for a parameter "
-                    f"of dtype {p.dtype}"
+                    f"a gradient of dtype {grad.dtype} was given for a parameter of dtype {p.dtype}"
                 )
         hyper, flags = self.rule.split(group)
         names, vector = self._hyper_vector(hyper, params)
