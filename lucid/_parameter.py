@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._layout import join_views, views_of
+
 
 class Parameter:
     """A trainable array: ``.data`` (a ``jax.Array``) and ``.grad`` (``None`` or an array).
@@ -131,29 +133,6 @@ def leaves_from(kinds: tuple, free: list, views: list, arrays: list, static_leav
     return leaves
 
 
-def views_of(buffer: jax.Array, layout: tuple) -> list[jax.Array]:
-    """A store's buffer as its parameters' arrays (inside a trace)."""
-    flat, sizes, shapes = layout
-    if not flat:
-        return [buffer]
-    out, offset = [], 0
-    for size, shape in zip(sizes, shapes):
-        out.append(buffer[offset : offset + size].reshape(shape))
-        offset += size
-    return out
-
-
-def join_views(arrays: list[jax.Array], layout: tuple) -> jax.Array:
-    """The inverse of :func:`views_of`: per-parameter arrays into the store's layout.
-
-    Gradients are taken with respect to the views and joined here: differentiating
-    through the slices of a flat buffer instead would pad every slice's gradient
-    to the buffer's full size before summing (2000 tensors: 2000 full buffers).
-    """
-    flat = layout[0]
-    return jnp.concatenate([jnp.ravel(a) for a in arrays]) if flat else arrays[0]
-
-
 def _value_and_grads(
     loss_fn: Callable[..., Any], dynamic: tuple[list, list, list], static: tuple
 ) -> tuple[jax.Array, tuple[list, list]]:
@@ -202,7 +181,7 @@ def partition(tree: Any, args: tuple, kwargs: dict) -> tuple[tuple, tuple, list,
         else:
             kinds.append(("static",))
     static_leaves = tuple(x for x, kind in zip(leaves, kinds) if kind[0] == "static")
-    layouts = tuple((s.flat, s.sizes, s.shapes) for s in stores)
+    layouts = tuple(s.layout for s in stores)
     dynamic = (
         [p.data for p in free],
         [s.values for s in stores],

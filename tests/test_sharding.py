@@ -20,13 +20,18 @@ SCRIPT = textwrap.dedent(
 
     assert len(jax.devices()) == 8
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-    specs = {"w": P("data", "model"), "b": P("model"), "s": P()}
+    # w: sharded on two axes (keeps its own arrays); u and v: sharded along their
+    # first axis over the same mesh axis (share a (rows, columns) buffer); b: along
+    # its only axis; s: replicated (a replicated flat buffer)
+    specs = {"w": P("data", "model"), "b": P("model"), "s": P(), "u": P("data"), "v": P("data")}
     rng = np.random.default_rng(0)
-    init = {"w": rng.normal(size=(16, 6)), "b": rng.normal(size=(6,)), "s": rng.normal(size=(3,))}
+    init = {"w": rng.normal(size=(16, 6)), "b": rng.normal(size=(6,)), "s": rng.normal(size=(3,)),
+            "u": rng.normal(size=(8, 3)), "v": rng.normal(size=(4,))}
     x = jnp.asarray(rng.normal(size=(5, 16)))
 
     def loss_fn(m, x):
-        return jnp.mean(jnp.tanh(x @ m["w"] + m["b"]) ** 2) + jnp.sum(jnp.sin(m["s"]) ** 2)
+        return (jnp.mean(jnp.tanh(x @ m["w"] + m["b"]) ** 2) + jnp.sum(jnp.sin(m["s"]) ** 2)
+                + jnp.sum(jnp.cos(m["u"]) * m["v"].sum()))
 
     def make(sharded):
         def put(k, v):
@@ -63,6 +68,11 @@ SCRIPT = textwrap.dedent(
                     opt.step()
             if sharded:
                 check_sharding(params, opt)
+                if mode != "eager":
+                    layouts = {tuple(sorted(k for k, p in params.items() if p in b.store.params)):
+                               b.store.layout for b in opt._owner._buckets}
+                    assert layouts[("u", "v")].rows == 4 and layouts[("u", "v")].flat, layouts
+                    assert not layouts[("w",)].flat and layouts[("s",)].flat, layouts
             results[mode, sharded] = {k: np.asarray(p.data) for k, p in params.items()}
     for key, value in results.items():
         for k in value:

@@ -30,9 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._parameter import Parameter, join_views, leaves_from, partition, views_of
+from .._layout import join_views, views_of
+from .._parameter import Parameter, leaves_from, partition
 from ..functional._rule import Rule, apply_leaf, pack
-from ._store import Store, dense, device_key, is_unsharded
+from ._store import Store, dense, placement
 from .optimizer import Optimizer
 
 
@@ -170,14 +171,13 @@ class _CompiledStepBase:
             if name in self.rule.scalar_state
         )
         fields = tuple(value is None for value in entry.state)
-        if is_unsharded(entry.value):
-            placement: Any = device_key(entry.value)
-        else:
-            placement = ("sharded", id(entry.param))
+        where = placement(entry.value)
+        if where[0] is None:  # a sharding no flat buffer can keep: the parameter alone
+            where = (("alone", id(entry.param)), 1, None)
         return (
             entry.group,
             str(entry.value.dtype),
-            placement,
+            where,
             entry.stepped,
             scalars,
             fields,
@@ -191,8 +191,10 @@ class _CompiledStepBase:
             keyed.setdefault(self._bucket_key(entry), []).append(entry)
         buckets = []
         for key, members in keyed.items():
-            flat = key[2] is None or key[2][0] != "sharded"
-            store = Store([e.param for e in members], [e.value for e in members], flat)
+            where, rows, sharding = key[2]
+            flat = where[0] != "alone"
+            values = [e.value for e in members]
+            store = Store([e.param for e in members], values, flat, rows, sharding)
             grads = [e.grad for e in members]
             if all(g is not None for g in grads):
                 store.grads = store.like([jnp.asarray(dense(g), store.dtype) for g in grads])
@@ -309,7 +311,7 @@ class _CompiledStepBase:
         kinds = tuple(
             ("stored", position[id(stores[k[1]])], k[2]) if k[0] == "stored" else k for k in kinds
         )
-        layouts = tuple((b.store.flat, b.store.sizes, b.store.shapes) for b in self._buckets)
+        layouts = tuple(b.store.layout for b in self._buckets)
         plans, hyper32, hyper64 = self._hyper(self._buckets)
         structure = (treedef, kinds, static_leaves, layouts)
         key = ("fused", loss_fn, structure, plans)

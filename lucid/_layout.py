@@ -1,0 +1,56 @@
+"""How a compiled optimizer's flat buffers hold its parameters.
+
+Shared by :mod:`lucid.optim._store` (which owns the buffers) and
+:func:`lucid.backward` (which traces loss functions over their views).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class Layout(NamedTuple):
+    """How a store's buffers hold its parameters (hashable: traces depend on it).
+
+    ``flat``: concatenated (else one parameter as it is). ``rows``: the
+    leading blocks of a parameter sharded along its first axis; each buffer is
+    then ``(rows, columns)``, row ``r`` holding every parameter's ``r``-th block,
+    so each device keeps exactly its own shards. 1 for everything else.
+    """
+
+    flat: bool
+    rows: int
+    sizes: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+
+def views_of(buffer: Array, layout: Layout) -> list[Array]:
+    """A buffer as its parameters' arrays (traceable)."""
+    if not layout.flat:
+        return [buffer]
+    out, offset = [], 0
+    for size, shape in zip(layout.sizes, layout.shapes):
+        columns = size // layout.rows
+        piece = (
+            buffer[offset : offset + columns]
+            if layout.rows == 1
+            else buffer[:, offset : offset + columns]
+        )
+        out.append(piece.reshape(shape))
+        offset += columns
+    return out
+
+
+def join_views(arrays: Sequence[Array], layout: Layout) -> Array:
+    """Per-parameter arrays laid out as ``layout`` says (the inverse of :func:`views_of`)."""
+    if not layout.flat:
+        return arrays[0]
+    if layout.rows == 1:
+        return jnp.concatenate([jnp.ravel(a) for a in arrays])
+    return jnp.concatenate([jnp.reshape(a, (layout.rows, -1)) for a in arrays], axis=1)
