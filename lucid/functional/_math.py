@@ -16,8 +16,11 @@ Array = jax.Array
 def lerp(start: Array, end: Array, weight: Array) -> Array:
     """``torch.lerp``: ``start + weight*(end-start)`` for weight < 0.5, else
     ``end - (end-start)*(1-weight)`` (torch's CPU kernel, exact at both ends)."""
+    # One select of the base and a scalar coefficient, not both branches per element:
+    # ``end + (-(1-w))*diff`` rounds exactly as ``end - diff*(1-w)``.
     diff = end - start
-    return jnp.where(weight < 0.5, start + weight * diff, end - diff * (1 - weight))
+    low = weight < 0.5
+    return jnp.where(low, start, end) + jnp.where(low, weight, -(1 - weight)) * diff
 
 
 def one_minus_pow(one_minus_beta: Array, step: Array) -> Array:

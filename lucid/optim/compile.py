@@ -37,7 +37,7 @@ from ._store import Store, dense, placement
 from .optimizer import Optimizer
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # buckets compare by identity
 class _Bucket:
     """Parameters updated together, and their state laid out as their store's values."""
 
