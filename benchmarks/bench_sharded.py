@@ -17,13 +17,13 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import lucid  # noqa: E402
-from benchmarks import shapes as shape_sets  # noqa: E402
-from benchmarks._timing import jax_sync, measure, measure_pipelined  # noqa: E402
+import lucid
+from benchmarks import shapes as shape_sets
+from benchmarks._timing import jax_sync, measure, measure_pipelined
 
 
 def spec_for(shape: tuple[int, ...], n: int) -> PartitionSpec:

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from oracle import loss_jax, loss_torch, problem
+from schedule_cases import CASES, case_id, quiet, run, torch_rows
 
 import lucid
 import lucid.optim.lr_scheduler as LL
-from oracle import loss_jax, loss_torch, problem
-from schedule_cases import CASES, case_id, quiet, run, torch_rows
 
 
 def _lucid_optimizer(kind: str, lrs: tuple[float, ...]):
