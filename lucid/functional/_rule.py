@@ -204,7 +204,7 @@ def check_same_structure(
     """
     if params is None:
         raise ValueError(
-            f"lucid.functional.{name} needs the current params: call "
+            f"lucid's {name} transform needs the current params: call "
             "tx.update(grads, state, params)."
         )
     is_leaf = is_sparse if sparse_leaves else None
@@ -212,14 +212,14 @@ def check_same_structure(
     p_def = jax.tree_util.tree_structure(params)
     if g_def != p_def:
         raise ValueError(
-            f"lucid.functional.{name}: grads and params have different structures:\n"
+            f"lucid's {name} transform: grads and params have different structures:\n"
             f"  grads:  {g_def}\n  params: {p_def}"
         )
     g_leaves = jax.tree_util.tree_leaves(grads, is_leaf=is_leaf)
     for g, p in zip(g_leaves, jax.tree_util.tree_leaves(params)):
         if jnp.shape(g) != jnp.shape(p):
             raise ValueError(
-                f"lucid.functional.{name}: a gradient of shape {jnp.shape(g)} was given "
+                f"lucid's {name} transform: a gradient of shape {jnp.shape(g)} was given "
                 f"for a parameter of shape {jnp.shape(p)}."
             )
 
@@ -244,7 +244,7 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
 
     def update_fn(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
         check_same_structure(
-            grads, params, rule.name.lower(), sparse_leaves=rule.sparse_update is not None
+            grads, params, rule.name, sparse_leaves=rule.sparse_update is not None
         )
         leaves, treedef = jax.tree_util.tree_flatten(params)
         grad_leaves = treedef.flatten_up_to(grads)
