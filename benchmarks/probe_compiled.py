@@ -39,12 +39,13 @@ def timed(fn, repeats=20, sync=True):
 def main() -> None:
     parser = argparse.ArgumentParser()
     shape_sets.add_sets_argument(parser, default="one_tensor,gpt2_small")
+    parser.add_argument("--hlo-dir", default=".", help="where to write each set's compiled HLO")
     args = parser.parse_args()
     for name in args.sets:
-        probe(name)
+        probe(name, args.hlo_dir)
 
 
-def probe(name: str) -> None:
+def probe(name: str, hlo_dir: str) -> None:
     """Print where one set's compiled Adam step spends its time; save its HLO."""
     shapes = shape_sets.SETS[name]()
     key = jax.random.PRNGKey(0)
@@ -115,7 +116,7 @@ def probe(name: str) -> None:
         f"executable(device hyper)={exe_dev:.3f} ms host bookkeeping={host_us:.0f} us "
         f"fusion kinds={fusions} copies={copies} ~kernels={kernels}"
     )
-    with open(os.path.join(os.environ.get("OUT", "/tmp"), f"hlo_{name}.txt"), "w") as f:
+    with open(os.path.join(hlo_dir, f"hlo_{name}.txt"), "w") as f:
         f.write(text)
 
 
