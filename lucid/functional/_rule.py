@@ -243,9 +243,7 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
         return _transpose_out(states, treedef, rule.state)
 
     def update_fn(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
-        check_same_structure(
-            grads, params, rule.name, sparse_leaves=rule.sparse_update is not None
-        )
+        check_same_structure(grads, params, rule.name, sparse_leaves=rule.sparse_update is not None)
         leaves, treedef = jax.tree_util.tree_flatten(params)
         grad_leaves = treedef.flatten_up_to(grads)
         leaf_states = _transpose_in(state, treedef, len(leaves))
