@@ -156,15 +156,19 @@ def apply_leaf(
     return new_param.astype(param.dtype), _restore_dtypes(new_state, state, param.dtype)
 
 
-def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array) -> Any:
-    """The state ``rule`` starts from for one parameter.
+def init_leaf(
+    rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array, lazy: bool = False
+) -> Any:
+    """The state ``rule`` starts from for one parameter (with ``lazy``, the state
+    the stateful shell starts from: ``rule.lazy_init`` where the rule has one).
 
     Every field gets its own buffer (a rule may build two moments from one
     zeros array), so the state can be donated to a jitted step.
     """
     cdtype = compute_dtype(param.dtype)
     hyper_c = {k: jnp.asarray(v, cdtype) for k, v in hyper.items()}
-    state = rule.init(param, hyper_c, **flags)
+    make = rule.lazy_init if lazy and rule.lazy_init is not None else rule.init
+    state = make(param, hyper_c, **flags)
     seen: set[int] = set()
     fields = []
     for value in state:
@@ -173,6 +177,18 @@ def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], pa
         seen.add(id(value))
         fields.append(value)
     return type(state)(*fields)
+
+
+def hyper_values(
+    rule: Rule, options: Mapping[str, Any]
+) -> tuple[tuple[str, ...], list[float], dict]:
+    """A param group's hyper-parameters as host floats for one runtime vector:
+    ``(names, values, flags)``, ``1 - x`` computed in double precision."""
+    hyper, flags = rule.split(options)
+    packed = pack(rule, hyper)
+    names = tuple(sorted(packed))
+    values = [v if type(v) is float else float(np.asarray(v)) for v in map(packed.get, names)]
+    return names, values, flags
 
 
 def step_count(state: Any) -> Array:

@@ -32,7 +32,7 @@ import numpy as np
 
 from .._layout import join_views, views_of
 from .._parameter import Parameter, leaves_from, partition
-from ..functional._rule import Rule, apply_leaf, pack
+from ..functional._rule import Rule, apply_leaf, hyper_values
 from ._store import Store, dense, placement
 from .optimizer import Optimizer
 
@@ -269,13 +269,13 @@ class _CompiledStepBase:
         """The buckets' hyper-parameters as one float32 (and one float64) vector."""
         plans, narrow, wide = [], [], []
         for bucket in buckets:
-            hyper, flags = self.rule.split(self.optimizer.param_groups[bucket.group])
-            packed = pack(self.rule, hyper)
-            names = tuple(sorted(packed))
+            names, values, flags = hyper_values(
+                self.rule, self.optimizer.param_groups[bucket.group]
+            )
             is_wide = bucket.store.wide
             target = wide if is_wide else narrow
             plans.append(_Plan(tuple(sorted(flags.items())), is_wide, len(target), names))
-            target.extend(map(_as_float, (packed[n] for n in names)))
+            target.extend(values)
         return tuple(plans), self._on_device(narrow, np.float32), self._on_device(wide, np.float64)
 
     def _on_device(self, values: list[float], dtype: type) -> Any:
@@ -326,10 +326,6 @@ class _CompiledStepBase:
         )
         self._commit(self._buckets, values, states)
         return loss
-
-
-def _as_float(value: Any) -> float:
-    return value if type(value) is float else float(np.asarray(value))
 
 
 def _hyper_of(plan: _Plan, hyper32: jax.Array, hyper64: Any) -> dict[str, jax.Array]:

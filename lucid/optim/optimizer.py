@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._parameter import Parameter
-from ..functional._rule import Rule, apply_leaf, compute_dtype, init_leaf, pack
+from ..functional._rule import Rule, apply_leaf, compute_dtype, hyper_values, init_leaf, pack
 
 ParamsT = Iterable[Parameter] | Iterable[dict[str, Any]]
 
@@ -162,24 +162,10 @@ class Optimizer:
         """float64 when any parameter is float64 (hyper-parameters in its precision)."""
         return np.dtype(np.float64 if any(p.dtype == np.float64 for p in params) else np.float32)
 
-    def _hyper_vector(
-        self, hyper: Mapping[str, Any], params: list[Parameter]
-    ) -> tuple[tuple[str, ...], np.ndarray]:
-        """The group's float hyper-parameters as (names, one vector), ``1 - x`` in double."""
-        packed = pack(self.rule, hyper)
-        names = tuple(sorted(packed))
-        values = [float(np.asarray(packed[n])) for n in names]
-        return names, np.asarray(values, self._hyper_dtype(params))
-
     def _initial_state(self, group: Mapping[str, Any], p: Parameter) -> Any:
         """The state torch creates for ``p`` at its first step."""
         hyper, flags = self.rule.split(group)
-        make = self.rule.lazy_init or self.rule.init
-        cdtype = compute_dtype(p.dtype)
-        values = {k: jnp.asarray(v, cdtype) for k, v in pack(self.rule, hyper).items()}
-        if make is self.rule.init:
-            return init_leaf(self.rule, flags, values, p.data)
-        return make(p.data, values, **flags)
+        return init_leaf(self.rule, flags, pack(self.rule, hyper), p.data, lazy=True)
 
     def _leaf_state(self, group: Mapping[str, Any], p: Parameter) -> Any:
         stored = self._state.get(p)
@@ -202,8 +188,8 @@ class Optimizer:
                 raise ValueError(
                     f"a gradient of dtype {grad.dtype} was given for a parameter of dtype {p.dtype}"
                 )
-        hyper, flags = self.rule.split(group)
-        names, vector = self._hyper_vector(hyper, params)
+        names, values, flags = hyper_values(self.rule, group)
+        vector = np.asarray(values, self._hyper_dtype(params))
         fn = _group_step(self.rule, tuple(sorted(flags.items())), names)
         states = [self._leaf_state(group, p) for p in params]
         return fn, vector, params, states
