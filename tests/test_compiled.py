@@ -24,6 +24,7 @@ from oracle import (
 from test_shell import _assert_params_close, _assert_unchanged, _lucid_step, _snapshot
 
 import lucid
+from lucid.optim._compiled import CompiledBackend
 
 
 def _compare_states(ours: dict, theirs: dict, rtol: float) -> None:
@@ -44,7 +45,7 @@ def test_compiled_matches_torch_in_every_option(case, compile_at):
     actual, opt = run_shell(
         getattr(lucid.optim, name), options, init, "float64", compile_at=compile_at
     )
-    assert opt._owner is not None
+    assert isinstance(opt.backend, CompiledBackend)
     for key in expected:
         chex.assert_trees_all_close(actual[key], expected[key], rtol=F64_RTOL, atol=1e-13)
     ours = opt.state_dict()
@@ -159,7 +160,6 @@ def test_none_grads_are_skipped_and_their_state_does_not_move():
     _assert_params_close(params, tparams)
     steps = {int(np.asarray(s["step"])) for s in compiled.state.values()}
     assert steps == {12, 8}
-    assert len(compiled._buckets) == 2  # the two step counts live in separate buckets
 
 
 def test_add_param_group_and_a_new_shape_recompile_correctly():
@@ -301,19 +301,56 @@ def test_compiled_lbfgs_is_the_functional_bb_step():
     params = _params()
     opt = lucid.optim.LBFGS(list(params.values()), lr=0.1)
     compiled = lucid.compile_optimizer(opt)
+    assert lucid.compile_optimizer(opt) is compiled
     tx = lucid.functional.lbfgs(lr=0.1)
     ref = {k: p.data for k, p in params.items()}
     ref_state = tx.init(ref)
     for _ in range(5):
 
         def closure():
-            opt.zero_grad()
+            compiled.zero_grad()
             return lucid.backward(loss_jax, params)
 
-        loss = opt.step(closure)
+        loss = compiled.step(closure)
         updates, ref_state = tx.update(jax.grad(loss_jax)(ref), ref_state, ref)
         assert float(loss) == pytest.approx(float(loss_jax(ref)))
         ref = optax.apply_updates(ref, updates)
     for k in params:
         chex.assert_trees_all_close(params[k].data, ref[k], rtol=1e-10)
     assert set(compiled.state_dict()["state"][0]) == {"step", "prev_param", "prev_grad"}
+    assert opt.state_dict()["state"] == {}  # the BB steps never touched the eager L-BFGS
+
+
+def test_compiling_lbfgs_leaves_the_eager_lbfgs_to_torchs_iterates():
+    """The contract's one exception: after compile_optimizer(lbfgs), opt.step(closure),
+    opt.state and opt.state_dict stay torch's L-BFGS; the BB step keeps its own state."""
+    params, tparams = _params(), _torch_params()
+    opt = lucid.optim.LBFGS(list(params.values()), lr=0.5, max_iter=4, history_size=3)
+    topt = torch.optim.LBFGS(list(tparams.values()), lr=0.5, max_iter=4, history_size=3)
+    compiled = lucid.compile_optimizer(opt)
+
+    def closure():
+        opt.zero_grad()
+        return lucid.backward(loss_jax, params)
+
+    def torch_closure():
+        topt.zero_grad()
+        loss = loss_torch(tparams)
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        loss = opt.step(closure)
+        expected = topt.step(torch_closure)
+        assert float(loss) == pytest.approx(float(expected), rel=1e-9)
+    _assert_params_close(params, tparams)
+    ours, theirs = opt.state_dict()["state"][0], topt.state_dict()["state"][0]
+    assert ours["n_iter"] == theirs["n_iter"] and ours["func_evals"] == theirs["func_evals"]
+    assert set(opt.state[params["b"]]) == set(theirs)
+    assert compiled.state_dict()["state"] == {}  # the compiled BB step has not run yet
+    compiled.step(closure)
+    assert set(compiled.state_dict()["state"][0]) == {"step", "prev_param", "prev_grad"}
+    assert opt.state_dict()["state"][0]["n_iter"] == theirs["n_iter"]  # untouched by copt
+    eager = opt.state_dict()
+    fresh = lucid.optim.LBFGS(list(params.values()), lr=0.5, max_iter=4, history_size=3)
+    fresh.load_state_dict(eager)  # the eager L-BFGS's checkpoint is torch's, not the BB step's

@@ -69,10 +69,11 @@ SCRIPT = textwrap.dedent(
             if sharded:
                 check_sharding(params, opt)
                 if mode != "eager":
-                    layouts = {tuple(sorted(k for k, p in params.items() if p in b.store.params)):
-                               b.store.layout for b in opt._owner._buckets}
-                    assert layouts[("u", "v")].rows == 4 and layouts[("u", "v")].flat, layouts
-                    assert not layouts[("w",)].flat and layouts[("s",)].flat, layouts
+                    where = {k: p.location for k, p in params.items()}
+                    assert where["u"][0] is where["v"][0], "u and v share one flat buffer"
+                    layouts = {k: storage.layout for k, (storage, _) in where.items()}
+                    assert layouts["u"].rows == 4 and layouts["u"].flat, layouts
+                    assert not layouts["w"].flat and layouts["s"].flat, layouts
             results[mode, sharded] = {k: np.asarray(p.data) for k, p in params.items()}
     for key, value in results.items():
         for k in value:

@@ -38,7 +38,7 @@ Options = Mapping[str, Any]
 State = Any  # a NamedTuple of arrays (one leaf) or of pytrees (a transform)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # compared and hashed by identity
 class Rule:
     """One torch.optim update rule and the declarations around it.
 
@@ -54,9 +54,18 @@ class Rule:
       update: ``update(param, grad, state, hyper, **flags) -> (param, state)``.
       complements: hyper-parameters whose ``1 - x`` the rule uses.
       scalar_state: state fields that are 0-d per parameter (``step``, ``eta``).
-      lazy_init: the state the stateful shell starts a parameter from when it
-        differs from ``init`` (torch creates SGD's momentum buffer lazily, from
-        the first gradient); ``None`` means ``init``.
+      optional: state fields that exist only while a flag is on, mapped to that
+        flag (``{"max_exp_avg_sq": "amsgrad"}``). torch creates them with the
+        rest of the state; turning the flag on once the state exists raises
+        torch's ``KeyError`` unless ``start_optional`` starts the field, and
+        turning it off keeps the field untouched.
+      start_optional: ``start_optional(state, param, flags) -> state`` starts an
+        optional field whose flag came on after the state was made, where torch
+        does (SGD's momentum buffer begins from the raw gradient); ``None``
+        where torch raises instead.
+      hidden: state fields lucid keeps that torch's state_dict does not show,
+        mapped to the value each takes when a state is loaded from a checkpoint
+        (SGD's ``step``, which only tells a new momentum buffer from a started one).
     """
 
     name: str
@@ -68,7 +77,9 @@ class Rule:
     complements: tuple[str, ...] = ()
     scalar_state: tuple[str, ...] = ("step",)
     sparse_update: Callable[..., tuple[Array, Any]] | None = None
-    lazy_init: Callable[..., Any] | None = None
+    optional: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    start_optional: Callable[..., Any] | None = None
+    hidden: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def is_number(value: Any) -> bool:
@@ -117,11 +128,13 @@ def pack(rule: Rule, hyper: Mapping[str, Any]) -> dict[str, Any]:
 
 def _restore_dtypes(new_state: Any, old_state: Any, param_dtype: Any) -> Any:
     """Cast each new state field back to the dtype its old value was stored in; a
-    field created by this update (SGD's first momentum buffer) takes the param's."""
+    field created by this update takes the param's. A field the update did not
+    produce (an optional field whose flag is off) is kept as it was, as torch
+    leaves such an entry untouched."""
     fields = []
     for new, old in zip(new_state, old_state):
         if new is None:
-            fields.append(None)
+            fields.append(old)
         elif old is not None:
             fields.append(new.astype(old.dtype))
         else:
@@ -156,19 +169,16 @@ def apply_leaf(
     return new_param.astype(param.dtype), _restore_dtypes(new_state, state, param.dtype)
 
 
-def init_leaf(
-    rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array, lazy: bool = False
-) -> Any:
-    """The state ``rule`` starts from for one parameter (with ``lazy``, the state
-    the stateful shell starts from: ``rule.lazy_init`` where the rule has one).
+def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array) -> Any:
+    """The state ``rule`` starts from for one parameter (or for a flat buffer of
+    parameters: every rule's ``init`` is elementwise).
 
     Every field gets its own buffer (a rule may build two moments from one
     zeros array), so the state can be donated to a jitted step.
     """
     cdtype = compute_dtype(param.dtype)
     hyper_c = {k: jnp.asarray(v, cdtype) for k, v in hyper.items()}
-    make = rule.lazy_init if lazy and rule.lazy_init is not None else rule.init
-    state = make(param, hyper_c, **flags)
+    state = rule.init(param, hyper_c, **flags)
     seen: set[int] = set()
     fields = []
     for value in state:
@@ -177,6 +187,26 @@ def init_leaf(
         seen.add(id(value))
         fields.append(value)
     return type(state)(*fields)
+
+
+def resume_leaf(rule: Rule, flags: Mapping[str, Any], state: Any, param: Array) -> Any:
+    """An existing state, ready for a step under ``flags`` (torch's rule when an
+    option that owns a state field is turned on after the state was created).
+
+    Raises:
+      KeyError: torch's error, naming the missing entry, where torch raises.
+    """
+    if rule.start_optional is not None:
+        state = rule.start_optional(state, param, flags)
+    for field, flag in rule.optional.items():
+        if flags[flag] and getattr(state, field) is None:
+            raise KeyError(
+                f"{field!r}: this parameter's {rule.name} state was created while "
+                f"{flag.removeprefix('use_')} was off, so it has no {field!r} (torch raises "
+                "the same KeyError); turn the option on before the first step, or load a "
+                "state that has the entry"
+            )
+    return state
 
 
 def hyper_values(

@@ -87,6 +87,7 @@ ADAM = Rule(
     init=_init,
     update=_update,
     complements=("beta1", "beta2"),
+    optional={"max_exp_avg_sq": "amsgrad"},
 )
 ADAMW = dataclasses.replace(ADAM, name="AdamW", validate=lambda o: validate_adam_family(o, "AdamW"))
 

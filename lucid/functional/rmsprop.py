@@ -28,7 +28,7 @@ import optax
 
 from . import _validate
 from ._math import lerp
-from ._rule import Rule, is_zero, transform
+from ._rule import Rule, is_number, is_zero, transform
 
 
 class RMSpropState(NamedTuple):
@@ -55,7 +55,7 @@ def _split(o: dict) -> tuple[dict, dict]:
         "momentum": o["momentum"],
     }
     flags = {
-        "use_momentum": not is_zero(o["momentum"]),
+        "use_momentum": not (is_number(o["momentum"]) and o["momentum"] <= 0),
         "use_weight_decay": not is_zero(o["weight_decay"]),
         "centered": bool(o["centered"]),
         "maximize": bool(o["maximize"]),
@@ -101,6 +101,7 @@ RMSPROP = Rule(
     init=_init,
     update=_update,
     complements=("alpha",),
+    optional={"momentum_buffer": "use_momentum", "grad_avg": "centered"},
 )
 
 

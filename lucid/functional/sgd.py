@@ -13,9 +13,11 @@ $$
 
 The momentum buffer starts as the raw gradient, without dampening, as in
 torch. torch keeps no ``step`` for SGD and creates the buffer at the first
-step; the functional state keeps a ``step`` and a zero buffer from ``init`` so
-the first-step rule can be traced, while the stateful shell starts from
-torch's empty state (``lazy_init``) and keeps torch's state names exactly.
+step with momentum; lucid keeps a ``step`` (hidden from the state_dict) and a
+zero buffer, and the traced first-step rule ``b = g where step == 0`` picks the
+raw gradient, so the first step and every later one are the same program.
+Momentum turned on after the state exists starts a new buffer from the next
+gradient; turned off, it leaves the buffer untouched (torch's behaviour).
 """
 
 from __future__ import annotations
@@ -66,8 +68,11 @@ def _init(param, hyper, *, use_momentum, **_) -> SGDState:
     return SGDState(step=jnp.zeros((), jnp.float32), momentum_buffer=buf)
 
 
-def _lazy_init(param, hyper, **_) -> SGDState:
-    return SGDState(step=None, momentum_buffer=None)
+def _start_momentum(state: SGDState, param, flags) -> SGDState:
+    """torch creates the buffer at the first step with momentum, from that gradient."""
+    if flags["use_momentum"] and state.momentum_buffer is None:
+        return SGDState(step=jnp.zeros((), jnp.float32), momentum_buffer=jnp.zeros_like(param))
+    return state
 
 
 def _update(param, grad, state, h, *, use_momentum, use_weight_decay, nesterov, maximize):
@@ -77,16 +82,11 @@ def _update(param, grad, state, h, *, use_momentum, use_weight_decay, nesterov, 
     buf = None
     if use_momentum:
         momentum = h["momentum"]
-        if state.momentum_buffer is None:  # torch's first step: the raw gradient
-            buf = g
-        else:
-            buf = state.momentum_buffer * momentum + h["one_minus_dampening"] * g
-            if state.step is not None:  # the traced form of the same first-step rule
-                buf = jnp.where(state.step == 0, g, buf)
+        buf = state.momentum_buffer * momentum + h["one_minus_dampening"] * g
+        buf = jnp.where(state.step == 0, g, buf)  # torch's first step: the raw gradient
         g = g + momentum * buf if nesterov else buf
     new_param = param + (-h["lr"]) * g
-    step = None if state.step is None else state.step + 1
-    return new_param, SGDState(step=step, momentum_buffer=buf)
+    return new_param, SGDState(step=state.step + 1, momentum_buffer=buf)
 
 
 SGD = Rule(
@@ -97,7 +97,9 @@ SGD = Rule(
     init=_init,
     update=_update,
     complements=("dampening",),
-    lazy_init=_lazy_init,
+    optional={"momentum_buffer": "use_momentum"},
+    start_optional=_start_momentum,
+    hidden={"step": 1.0},
 )
 
 

@@ -6,7 +6,7 @@ from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .adamax import Adamax
 from .asgd import ASGD
-from .compile import FusedStep, compile_optimizer, fused_step
+from .compile import CompiledOptimizer, FusedStep, compile_optimizer, fused_step
 from .lbfgs import LBFGS
 from .lr_scheduler import (
     ChainedScheduler,
@@ -45,6 +45,7 @@ __all__ = [
     "AdamW",
     "Adamax",
     "ChainedScheduler",
+    "CompiledOptimizer",
     "ConstantLR",
     "CosineAnnealingLR",
     "CosineAnnealingWarmRestarts",

@@ -1,7 +1,7 @@
 """Flat storage behind Parameter boxes, for the compiled step.
 
-A :class:`Store` holds the values of several Parameters of one dtype and one
-placement as a single buffer (``flat``): 1-D for parameters on one device or
+A :class:`FlatStore` (a :class:`lucid._storage.Storage`) holds the values of
+several Parameters of one dtype and one placement as a single buffer (``flat``): 1-D for parameters on one device or
 replicated, ``(rows, columns)`` for parameters sharded along their first axis,
 so each device holds the blocks it already had and nothing moves. A parameter
 with any other sharding keeps its own array, shape and sharding.
@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._layout import Layout, join_views, views_of
+from .._storage import check_grad
 
 Array = jax.Array
 
@@ -84,7 +85,7 @@ def placement(array: Array) -> tuple[Any, int, Any]:
     return ("rows", mesh, first), rows, NamedSharding(mesh, PartitionSpec(first, None))
 
 
-class Store:
+class FlatStore:
     """Parameters' values and gradients in one buffer (see module docstring)."""
 
     def __init__(
@@ -97,8 +98,8 @@ class Store:
     ) -> None:
         self.params = list(params)
         self.flat = flat
-        self.dtype = values[0].dtype
-        self.wide = self.dtype == np.float64  # hyper-parameters in float64 too
+        self.value_dtype = values[0].dtype
+        self.wide = self.value_dtype == np.float64  # hyper-parameters in float64 too
         self.shapes = tuple(tuple(v.shape) for v in values)
         self.sizes = tuple(int(np.prod(s)) for s in self.shapes)
         self.layout = Layout(flat, rows, self.sizes, self.shapes)
@@ -129,6 +130,42 @@ class Store:
         buffer = join_views([jnp.asarray(a).astype(dtype) for a in arrays], self.layout)
         return buffer if self.sharding is None else jax.device_put(buffer, self.sharding)
 
+    # ------------------------------------------------ the Storage protocol
+    def value(self, index: int) -> Array:
+        return self.read(index)
+
+    def set_value(self, index: int, value: Array) -> None:
+        self.write(index, value)
+
+    def grad(self, index: int) -> Array | None:
+        return self.read_grad(index)
+
+    def set_grad(self, index: int, grad: Any) -> None:
+        self.write_grad(index, grad)
+
+    def shape(self, index: int) -> tuple[int, ...]:
+        return self.shapes[index]
+
+    def dtype(self, index: int) -> np.dtype:
+        return self.value_dtype
+
+    @property
+    def buffer(self) -> Array:
+        return self.values
+
+    def add_grads(self, grads: Array, present: np.ndarray) -> None:
+        self.accumulate(grads, present)
+
+    def clear_grads(self, indices: Sequence[int], set_to_none: bool) -> None:
+        if len(indices) == len(self.params):
+            return self._clear_all(set_to_none)
+        for index in indices:
+            if set_to_none:
+                self.write_grad(index, None)
+            elif self.has_grad[index]:
+                self.write_grad(index, jnp.zeros(self.shapes[index], self.value_dtype))
+        return None
+
     # ------------------------------------------------------------- values
     def read(self, index: int) -> Array:
         if not self.flat:
@@ -142,13 +179,13 @@ class Store:
         return _read(buffer, self.offsets[index], self.columns[index], rows, self.shapes[index])
 
     def write(self, index: int, value: Array) -> None:
-        if tuple(value.shape) != self.shapes[index] or value.dtype != self.dtype:
+        if tuple(value.shape) != self.shapes[index] or value.dtype != self.value_dtype:
             if self.on_restructure is not None:
                 return self.on_restructure(self, index, value)
             raise ValueError(
                 f"this parameter is held by a compiled optimizer as {self.shapes[index]} "
-                f"{self.dtype}; assigning a {tuple(value.shape)} {value.dtype} array is a change "
-                "of structure: set it before compiling, or call add_param_group with a new one"
+                f"{self.value_dtype}; assigning a {tuple(value.shape)} {value.dtype} array is a "
+                "change of structure: set it before compiling, or call add_param_group with a new one"
             )
         if self.flat:
             self.values = _write(self.values, value, self.offsets[index])
@@ -179,19 +216,11 @@ class Store:
             if not self.has_grad.any():
                 self.grads = None
             elif self.flat:
-                zeros = jnp.zeros(self.shapes[index], self.dtype)
+                zeros = jnp.zeros(self.shapes[index], self.value_dtype)
                 self.grads = _write(self.grads, zeros, self.offsets[index])
             return
         grad = jnp.asarray(dense(grad))
-        if tuple(grad.shape) != self.shapes[index]:
-            raise ValueError(
-                f"a gradient of shape {tuple(grad.shape)} was given for a parameter "
-                f"of shape {self.shapes[index]}"
-            )
-        if grad.dtype != self.dtype:
-            raise ValueError(
-                f"a gradient of dtype {grad.dtype} was given for a parameter of dtype {self.dtype}"
-            )
+        check_grad(grad, self.shapes[index], self.value_dtype)
         if not self.flat:
             self.grads = grad
         else:
@@ -206,10 +235,47 @@ class Store:
         self.has_grad |= present
         self._grad_cache.clear()
 
-    def clear_grads(self, set_to_none: bool) -> None:
+    def _clear_all(self, set_to_none: bool) -> None:
         self._grad_cache.clear()
         if set_to_none:
             self.grads = None
             self.has_grad[:] = False
         elif self.grads is not None:
             self.grads = jnp.zeros_like(self.grads)
+
+
+class Borrowed:
+    """A parameter that lives in another optimizer's store, seen as a one-parameter
+    bucket store: each step reads its current value and writes the new one back
+    through the Parameter, so every optimizer holding it sees every update."""
+
+    flat = False
+
+    def __init__(self, param: Any) -> None:
+        self.params = [param]
+        self.value_dtype = param.dtype
+        self.wide = self.value_dtype == np.float64
+        shape = tuple(param.shape)
+        self.layout = Layout(False, 1, (int(np.prod(shape)),), (shape,))
+
+    @property
+    def values(self) -> Array:
+        return jnp.array(self.params[0].data, copy=True)  # the step donates it
+
+    @property
+    def grads(self) -> Any:
+        grad = self.params[0].grad
+        return None if grad is None else jnp.asarray(dense(grad))
+
+    @property
+    def has_grad(self) -> np.ndarray:
+        return np.array([self.params[0].grad is not None])
+
+    def replace_values(self, values: Array) -> None:
+        self.params[0].data = values
+
+    def views(self, buffer: Array) -> list[Array]:
+        return [jnp.array(buffer, copy=True)]
+
+    def like(self, arrays: Sequence[Array]) -> Array:
+        return jnp.array(arrays[0], copy=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from .._parameter import Parameter
 from ..functional.adagrad import ADAGRAD
+from ._backend import start_hyper
+from ._state import begin
 from .optimizer import Optimizer, ParamsT, options_of
 
 
@@ -35,11 +35,14 @@ class Adagrad(Optimizer):
         fused: bool | None = None,
     ) -> None:
         super().__init__(params, options_of(locals()))
+        states = {}
         for group in self.param_groups:
+            start = start_hyper(self, group)
+            _, flags = self.rule.split(group)
             for p in group["params"]:
-                self._state[p] = self._state_dict_of(self._initial_state(group, p))
+                states[p] = begin(self.rule, flags, start, None, p.data)
+        self.backend.load(states)
 
-    def _initial_state(self, group: Mapping[str, Any], p: Parameter) -> Any:
-        return super()._initial_state(
-            {**group, "initial_accumulator_value": self.defaults["initial_accumulator_value"]}, p
-        )
+    def state_options(self, group: dict[str, Any]) -> dict[str, Any]:
+        """torch starts every accumulator from the *constructor's* (``defaults``) value."""
+        return {**group, "initial_accumulator_value": self.defaults["initial_accumulator_value"]}

@@ -214,8 +214,6 @@ class LBFGS(Optimizer):
     # ------------------------------------------------------------------ step
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Run L-BFGS iterations; ``closure`` is required. Returns its first loss."""
-        if self._owner is not None:
-            return self._owner.step(closure)
         if closure is None:
             raise ValueError("LBFGS.step needs a closure that re-evaluates the loss")
         group = self.param_groups[0]
@@ -224,7 +222,7 @@ class LBFGS(Optimizer):
         tolerance_grad, tolerance_change = group["tolerance_grad"], group["tolerance_change"]
         line_search_fn, history_size = group["line_search_fn"], group["history_size"]
 
-        state = self._state.setdefault(self._group_params[0], {})
+        state = self.backend.states().setdefault(self._group_params[0], {})
         state.setdefault("func_evals", 0)
         state.setdefault("n_iter", 0)
 
@@ -328,11 +326,11 @@ class LBFGS(Optimizer):
         return orig_loss
 
     # ------------------------------------------------------------ checkpoints
-    def _export_state(self, state: dict[str, Any]) -> dict[str, Any]:
+    def export_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """Fresh lists of fresh arrays: the history must not share memory with a copy."""
         return {k: _copy_arrays(v) if isinstance(v, list) else v for k, v in state.items()}
 
-    def _import_state(self, group: Mapping[str, Any], p: Any, saved: Any, key: Any) -> dict:
+    def import_state(self, group: Mapping[str, Any], p: Any, saved: Any, key: Any) -> Any:
         """torch's LBFGS state (on the first parameter): counters, vectors, history lists."""
         if not isinstance(saved, Mapping):
             raise ValueError(f"state of parameter {key!r} must be a dict")
@@ -357,6 +355,8 @@ class LBFGS(Optimizer):
             value = to_array(value)
             return jnp.asarray(value, dtype) if isinstance(value, np.ndarray) else value
 
+        if not saved:
+            return None
         state: dict[str, Any] = {}
         for name, value in saved.items():
             if name in _COUNTERS:

@@ -1,18 +1,15 @@
 """``Optimizer``: torch.optim's stateful API over a functional :class:`~lucid.functional.Rule`.
 
-The shell holds references (``param_groups``), hyper-parameters and per-parameter
-state; the math is the rule's. A step gathers the parameters of a group that
-have a gradient, feeds the group's hyper-parameters as runtime arrays to one
-jitted call of the rule over all of them, and writes the results back into the
-:class:`~lucid.Parameter` boxes and ``state``. Editing ``param_groups[i]['lr']``
-(or any float hyper-parameter) changes the next step's inputs, never the
-compiled program.
+The optimizer owns ``param_groups`` and the API; running a step and keeping
+the per-parameter state is its *backend*'s job (:mod:`lucid.optim._backend`):
+eager by default, compiled after :func:`lucid.optim.compile_optimizer`. Editing
+``param_groups[i]['lr']`` (or any float hyper-parameter) changes the next
+step's inputs, never the compiled program.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -21,38 +18,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._parameter import Parameter
-from ..functional._rule import Rule, apply_leaf, compute_dtype, hyper_values, init_leaf, pack
+from .._storage import by_storage
+from ..functional._rule import Rule
+from ._backend import Backend, EagerBackend
+from ._state import copy_arrays, export, load_entry, to_array
 
 ParamsT = Iterable[Parameter] | Iterable[dict[str, Any]]
+
+__all__ = ["Optimizer", "ParamsT", "options_of", "to_array"]
 
 
 def options_of(frame_locals: Mapping[str, Any]) -> dict[str, Any]:
     """A constructor's keyword options: its locals minus ``self``/``params``."""
     return {k: v for k, v in frame_locals.items() if k not in ("self", "params", "__class__")}
-
-
-def to_array(value: Any) -> Any:
-    """A checkpoint leaf as something jax/numpy can read (torch tensors through numpy).
-
-    The copy matters: on the CPU a jax array made from a NumPy view can share
-    its memory, and torch may keep updating that tensor in place."""
-    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
-        return value.detach().cpu().numpy().copy()
-    return value
-
-
-@functools.cache
-def _group_step(rule: Rule, flags: tuple[tuple[str, Any], ...], names: tuple[str, ...]) -> Callable:
-    """One jitted function per (rule, static flags, hyper-parameter names): the rule over
-    a list of parameters, the hyper-parameters arriving as one vector (one transfer)."""
-    options = dict(flags)
-
-    def run(vector, params, grads, states):
-        hyper = {name: vector[i] for i, name in enumerate(names)}
-        out = [apply_leaf(rule, options, hyper, p, g, s) for p, g, s in zip(params, grads, states)]
-        return [o[0] for o in out], [o[1] for o in out]
-
-    return jax.jit(run)
 
 
 class Optimizer:
@@ -72,9 +50,8 @@ class Optimizer:
             )
         self.rule.validate(defaults)
         self.defaults = dict(defaults)
-        self._state: dict[Parameter, dict[str, Any]] = {}
         self.param_groups: list[dict[str, Any]] = []
-        self._owner: Any = None  # the compiled step that owns this optimizer, once compiled
+        self._backend: Backend = EagerBackend(self)
         groups = list(params)
         if not groups:
             raise ValueError("optimizer got an empty parameter list")
@@ -82,6 +59,20 @@ class Optimizer:
             groups = [{"params": groups}]
         for group in groups:
             self.add_param_group(group)
+
+    # --------------------------------------------------------------- backend
+    @property
+    def backend(self) -> Backend:
+        """What runs the steps and keeps the state (eager, or compiled)."""
+        return self._backend
+
+    def use_backend(self, make: Callable[[Optimizer, dict[Parameter, Any]], Backend]) -> None:
+        """Hand the steps and the state to ``make(self, states)``'s backend."""
+        self._backend = make(self, self._backend.states())
+
+    def state_options(self, group: dict[str, Any]) -> dict[str, Any]:
+        """The options a parameter's new state is made from (torch: its group's)."""
+        return group
 
     # ----------------------------------------------------------------- groups
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -119,19 +110,15 @@ class Optimizer:
         self.rule.validate(group)
         group["params"] = params
         self.param_groups.append(group)
-        if self._owner is not None:
-            self._owner._structure_changed()
+        self._backend.groups_changed()
 
     @property
     def state(self) -> dict[Parameter, dict[str, Any]]:
-        """Per-parameter state with torch's names (a snapshot once compiled)."""
-        return self._owner.state if self._owner is not None else self._state
-
-    @state.setter
-    def state(self, value: dict[Parameter, dict[str, Any]]) -> None:
-        if self._owner is not None:
-            raise AttributeError("a compiled optimizer's state is set through load_state_dict")
-        self._state = value
+        """Per-parameter state with torch's names (a snapshot: assigning into it changes
+        nothing; ``load_state_dict`` does)."""
+        states = self._backend.states()
+        shown = {p: self.export_state(s) for p, s in states.items()}
+        return {p: s for p, s in shown.items() if s}
 
     def _params(self) -> list[Parameter]:
         return [p for group in self.param_groups for p in group["params"]]
@@ -139,74 +126,22 @@ class Optimizer:
     # ------------------------------------------------------------------- step
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient (to ``None`` by default, as torch)."""
-        if self._owner is not None:
-            return self._owner.zero_grad(set_to_none)
-        for p in self._params():
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad = jnp.zeros_like(p.grad)
+        for storage, indices in by_storage(p.location for p in self._params()):
+            storage.clear_grads(indices, set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient; returns ``closure()``'s loss."""
-        if self._owner is not None:
-            return self._owner.step(closure)
         loss = closure() if closure is not None else None
-        plans = [self._plan(group) for group in self.param_groups]  # validate all, then update
-        for plan in plans:
-            if plan is not None:
-                self._run(*plan)
+        for group in self.param_groups:  # values edited by hand: checked before anything moves
+            self.rule.validate(group)
+        self._backend.step()
         return loss
 
-    def _hyper_dtype(self, params: list[Parameter]) -> np.dtype:
-        """float64 when any parameter is float64 (hyper-parameters in its precision)."""
-        return np.dtype(np.float64 if any(p.dtype == np.float64 for p in params) else np.float32)
-
-    def _initial_state(self, group: Mapping[str, Any], p: Parameter) -> Any:
-        """The state torch creates for ``p`` at its first step."""
-        hyper, flags = self.rule.split(group)
-        return init_leaf(self.rule, flags, pack(self.rule, hyper), p.data, lazy=True)
-
-    def _leaf_state(self, group: Mapping[str, Any], p: Parameter) -> Any:
-        stored = self._state.get(p)
-        if not stored:
-            return self._initial_state(group, p)
-        return self.rule.state(**{f: stored.get(f) for f in self.rule.state._fields})
-
-    def _plan(self, group: dict[str, Any]) -> tuple | None:
-        params = [p for p in group["params"] if p.grad is not None]
-        if not params:
-            return None
-        for p in params:
-            grad = p.grad
-            if tuple(grad.shape) != p.shape:
-                raise ValueError(
-                    f"a gradient of shape {tuple(grad.shape)} was given for a parameter "
-                    f"of shape {p.shape}"
-                )
-            if grad.dtype != p.dtype:
-                raise ValueError(
-                    f"a gradient of dtype {grad.dtype} was given for a parameter of dtype {p.dtype}"
-                )
-        names, values, flags = hyper_values(self.rule, group)
-        vector = np.asarray(values, self._hyper_dtype(params))
-        fn = _group_step(self.rule, tuple(sorted(flags.items())), names)
-        states = [self._leaf_state(group, p) for p in params]
-        return fn, vector, params, states
-
-    def _run(self, fn: Callable, hyper: np.ndarray, params: list[Parameter], states: list) -> None:
-        new_params, new_states = fn(
-            hyper, [p.data for p in params], [p.grad for p in params], states
-        )
-        for p, data, state in zip(params, new_params, new_states):
-            p.data = data
-            self._state[p] = self._state_dict_of(state)
-
-    @staticmethod
-    def _state_dict_of(state: Any) -> dict[str, Any]:
-        return {f: v for f, v in zip(state._fields, state) if v is not None}
-
     # ------------------------------------------------------------- checkpoints
+    def export_state(self, state: Any) -> dict[str, Any]:
+        """How one parameter's state appears in ``state`` and ``state_dict`` (torch's names)."""
+        return export(self.rule, state)
+
     def state_dict(self) -> dict[str, Any]:
         """torch's format: ``{'state': {index: {name: array}}, 'param_groups': [...]}``.
 
@@ -214,56 +149,29 @@ class Optimizer:
         result (even torch updating a tensor made from it in place, which
         shares its memory on the CPU) reaches the optimizer.
         """
-        if self._owner is not None:
-            return self._owner.state_dict()
-        return self._eager_state_dict()
-
-    def _eager_state_dict(self) -> dict[str, Any]:
-        return self._state_dict_from(self._state)
-
-    def _state_dict_from(self, states: Mapping[Parameter, Mapping[str, Any]]) -> dict[str, Any]:
-        """torch's state_dict format for ``states`` (per-parameter dicts of torch's names)."""
         index: dict[Parameter, int] = {}
         groups = []
         for group in self.param_groups:
             packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
             packed["params"] = [index.setdefault(p, len(index)) for p in group["params"]]
             groups.append(packed)
-        state = {
-            index[p]: self._export_state(_copy_arrays(s))
-            for p, s in states.items()
-            if p in index and s
-        }
-        return {"state": state, "param_groups": groups}
-
-    def _export_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Per-class hook: how a parameter's state appears in a state_dict."""
-        return state
+        state = {}
+        for p, s in self._backend.states().items():
+            shown = self.export_state(s)
+            if p in index and shown:
+                state[index[p]] = copy_arrays(shown)
+        return {"state": dict(sorted(state.items())), "param_groups": groups}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load lucid's or torch's state_dict; validates everything before changing anything."""
-        if self._owner is not None:
-            return self._owner.load_state_dict(state_dict)
-        groups, state = self._validated(state_dict)
-        self._set_groups(groups)
-        self._state = state
-        return None
-
-    def _set_groups(self, groups: list[dict[str, Any]]) -> None:
-        """Replace every group's options in place (the dicts keep their identity)."""
+        groups, states = self._validated(state_dict)
         for group, new in zip(self.param_groups, groups):
             group.clear()
             group.update(new)
+        self._backend.load(states)
 
-    def _validated(
-        self, state_dict: Mapping[str, Any], import_state: Callable | None = None
-    ) -> tuple[list[dict], dict]:
-        """The groups and state a state_dict would produce; raises ValueError on any mismatch.
-
-        ``import_state(group, p, saved, key)`` checks one parameter's entry
-        (default: this class's ``_import_state``).
-        """
-        import_state = import_state or self._import_state
+    def _validated(self, state_dict: Mapping[str, Any]) -> tuple[list[dict], dict]:
+        """The groups and states a state_dict would produce; raises ValueError on any mismatch."""
         if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
             raise ValueError("a state_dict must be a dict with 'state' and 'param_groups' entries")
         saved_groups = state_dict["param_groups"]
@@ -285,55 +193,25 @@ class Optimizer:
             merged["params"] = group["params"]
             new_groups.append(merged)
         group_of = {p: g for g in new_groups for p in g["params"]}
-        new_state: dict[Parameter, dict[str, Any]] = {}
+        new_states: dict[Parameter, Any] = {}
         for key, saved_state in dict(state_dict["state"]).items():
             if key not in id_map:
                 raise ValueError(
                     f"the state_dict holds state for parameter {key!r}, which no group lists"
                 )
             p = id_map[key]
-            new_state[p] = import_state(group_of[p], p, saved_state, key)
-        return new_groups, new_state
+            state = self.import_state(group_of[p], p, saved_state, key)
+            if state is not None:
+                new_states[p] = state
+        return new_groups, new_states
 
-    def _import_state(self, group: Mapping[str, Any], p: Parameter, saved: Any, key: Any) -> dict:
-        """One parameter's saved state, checked against what this optimizer keeps for it."""
-        if not isinstance(saved, Mapping):
-            raise ValueError(
-                f"state of parameter {key!r} must be a dict, got {type(saved).__name__}"
-            )
-        if not saved:
-            return {}
-        fields = self.rule.state._fields
-        unknown = set(saved) - set(fields)
-        if unknown:
-            raise ValueError(
-                f"state of parameter {key!r} has unknown entries {sorted(unknown)} "
-                f"for {type(self).__name__} (expected some of {list(fields)})"
-            )
-        expected = self._state_dict_of(self._initial_state(group, p))
-        missing = set(expected) - set(saved)
-        if missing:
-            raise ValueError(f"state of parameter {key!r} is missing {sorted(missing)}")
-        state = {}
-        for name, value in saved.items():
-            array = np.asarray(to_array(value))
-            if name in self.rule.scalar_state:
-                if array.shape != ():
-                    raise ValueError(f"state {name!r} of parameter {key!r} must be a scalar")
-                dtype = np.float32 if name == "step" else compute_dtype(p.dtype)
-            else:
-                if array.shape != p.shape:
-                    raise ValueError(
-                        f"state {name!r} of parameter {key!r} has shape {array.shape}, "
-                        f"but the parameter has shape {p.shape}"
-                    )
-                dtype = p.dtype
-            if not (
-                np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
-            ):
-                raise ValueError(f"state {name!r} of parameter {key!r} has dtype {array.dtype}")
-            state[name] = jnp.asarray(array, dtype)
-        return state
+    def import_state(self, group: Mapping[str, Any], p: Parameter, saved: Any, key: Any) -> Any:
+        """One parameter's saved entry as its state (``None`` for an empty entry).
+
+        Raises:
+          ValueError: the entry does not fit this optimizer or this parameter.
+        """
+        return load_entry(self.rule, group, p.shape, p.dtype, saved, key)
 
     # ------------------------------------------------------------------ misc
     def __repr__(self) -> str:
@@ -342,10 +220,6 @@ class Optimizer:
             lines.append(f"Parameter Group {i}")
             lines += [f"    {k}: {group[k]}" for k in sorted(group) if k != "params"]
         return "\n".join(lines) + "\n)"
-
-
-def _copy_arrays(state: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: jnp.array(v, copy=True) if isinstance(v, jax.Array) else v for k, v in state.items()}
 
 
 def _to_python(value: Any) -> Any:

@@ -30,5 +30,6 @@ class SparseAdam(Optimizer):
         options["betas"] = tuple(betas)
         super().__init__(params, options)
 
-    def _export_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {**state, "step": int(state["step"])} if "step" in state else state
+    def export_state(self, state: Any) -> dict[str, Any]:
+        shown = super().export_state(state)
+        return {**shown, "step": int(shown["step"])} if "step" in shown else shown

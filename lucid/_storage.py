@@ -1,0 +1,114 @@
+"""Where a :class:`~lucid.Parameter`'s value and gradient live.
+
+A Parameter is an identity; its value and gradient live in exactly one
+*storage* at a time, at an index. The default, :class:`OwnArrays`, is one
+parameter's own pair of arrays. A compiled optimizer moves the parameters it
+steps into flat buffers (:class:`lucid.optim._store.FlatStore`) that implement
+the same small protocol, so ``p.data`` and ``p.grad`` keep working, and so do
+other optimizers holding the same Parameter: each reads and writes the one
+place the value lives.
+
+The protocol has two halves. *Access*: ``value``, ``set_value``, ``grad``,
+``set_grad``, ``shape``, ``dtype``, ``clear_grads``. *Tracing*, used by
+:func:`lucid.backward` and fused steps to differentiate through stored
+parameters without copying them out: ``buffer`` (the array holding every value
+of the storage), ``layout`` (how the buffer holds them, hashable) and
+``add_grads`` (accumulate a gradient with respect to the whole buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import numpy as np
+
+from ._layout import Layout
+
+Array = jax.Array
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """The place one or more Parameters' values and gradients live (see module docstring)."""
+
+    layout: Layout
+
+    def value(self, index: int) -> Array: ...
+    def set_value(self, index: int, value: Array) -> None: ...
+    def grad(self, index: int) -> Array | None: ...
+    def set_grad(self, index: int, grad: Array | None) -> None: ...
+    def shape(self, index: int) -> tuple[int, ...]: ...
+    def dtype(self, index: int) -> np.dtype: ...
+    def clear_grads(self, indices: Sequence[int], set_to_none: bool) -> None: ...
+    @property
+    def buffer(self) -> Array: ...
+    def add_grads(self, grads: Array, present: np.ndarray) -> None: ...
+
+
+def check_grad(grad: Any, shape: tuple[int, ...], dtype: Any) -> None:
+    """Raise torch's kind of error for a gradient that cannot belong to a parameter."""
+    if tuple(grad.shape) != tuple(shape):
+        raise ValueError(
+            f"a gradient of shape {tuple(grad.shape)} was given for a parameter of shape "
+            f"{tuple(shape)}"
+        )
+    if grad.dtype != dtype:
+        raise ValueError(
+            f"a gradient of dtype {grad.dtype} was given for a parameter of dtype {dtype}"
+        )
+
+
+class OwnArrays:
+    """One parameter's own value and gradient: the storage every Parameter starts in."""
+
+    __slots__ = ("_grad", "_value")
+
+    def __init__(self, value: Array, grad: Any = None) -> None:
+        self._value = value
+        self._grad = grad
+
+    @property
+    def layout(self) -> Layout:
+        shape = tuple(self._value.shape)
+        return Layout(False, 1, (int(np.prod(shape)),), (shape,))
+
+    def value(self, index: int) -> Array:
+        return self._value
+
+    def set_value(self, index: int, value: Array) -> None:
+        self._value = value
+
+    def grad(self, index: int) -> Any:
+        return self._grad
+
+    def set_grad(self, index: int, grad: Any) -> None:
+        self._grad = grad
+
+    def shape(self, index: int) -> tuple[int, ...]:
+        return tuple(self._value.shape)
+
+    def dtype(self, index: int) -> np.dtype:
+        return self._value.dtype
+
+    def clear_grads(self, indices: Sequence[int], set_to_none: bool) -> None:
+        if set_to_none or self._grad is None:
+            self._grad = None
+        else:
+            self._grad = jax.numpy.zeros_like(self._grad)
+
+    @property
+    def buffer(self) -> Array:
+        return self._value
+
+    def add_grads(self, grads: Array, present: np.ndarray) -> None:
+        self._grad = grads if self._grad is None else self._grad + grads
+
+
+def by_storage(locations: Iterable[tuple[Storage, int]]) -> list[tuple[Storage, list[int]]]:
+    """Group ``(storage, index)`` pairs by storage, in order of first appearance."""
+    groups: dict[int, tuple[Storage, list[int]]] = {}
+    for storage, index in locations:
+        groups.setdefault(id(storage), (storage, []))[1].append(index)
+    return list(groups.values())

@@ -1,0 +1,202 @@
+"""Differentiating through Parameters, wherever they are stored: ``backward``.
+
+:func:`partition` splits ``(tree, args, kwargs)`` into traced inputs (the
+buffer of every :class:`~lucid._storage.Storage` a Parameter lives in, and
+plain arrays) and a hashable static part; :func:`rebuild` puts the tree back
+together from the storages' per-parameter views inside a trace. Both
+:func:`backward` and the compiled optimizer's fused step use this pair, so a
+loss function sees the same arrays however its parameters are stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from ._layout import join_views, views_of
+from ._parameter import Parameter
+from ._storage import Storage
+
+
+class Traced(NamedTuple):
+    """A partitioned call: traced inputs, the static description, and the storages."""
+
+    buffers: list[jax.Array]  # one per storage
+    arrays: list[jax.Array]  # plain array leaves
+    static: tuple  # (treedef, kinds, static_leaves, layouts): hashable
+    storages: list[Storage]
+
+
+def _is_parameter(x: Any) -> bool:
+    return isinstance(x, Parameter)
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, jax.Array | np.ndarray)
+
+
+def partition(tree: Any, args: tuple, kwargs: dict) -> Traced:
+    """Split ``(tree, args, kwargs)`` into traced inputs and a hashable static part.
+
+    A leaf is a Parameter (``("param", storage position, index)``), an array
+    (traced) or anything else (static, part of the cache key).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten((tree, args, kwargs), is_leaf=_is_parameter)
+    storages: list[Storage] = []
+    position: dict[int, int] = {}
+    kinds = []
+    for leaf in leaves:
+        if isinstance(leaf, Parameter):
+            storage, index = leaf.location
+            if id(storage) not in position:
+                position[id(storage)] = len(storages)
+                storages.append(storage)
+            kinds.append(("param", position[id(storage)], index))
+        elif _is_array(leaf):
+            kinds.append(("array",))
+        else:
+            kinds.append(("static",))
+    static_leaves = tuple(x for x, kind in zip(leaves, kinds) if kind[0] == "static")
+    layouts = tuple(s.layout for s in storages)
+    arrays = [x for x, kind in zip(leaves, kinds) if kind[0] == "array"]
+    static = (treedef, tuple(kinds), static_leaves, layouts)
+    return Traced([s.buffer for s in storages], arrays, static, storages)
+
+
+def rebuild(static: tuple, buffers: list, arrays: list) -> tuple[Any, tuple, dict]:
+    """``(tree, args, kwargs)`` with each Parameter replaced by its view of its buffer."""
+    treedef, kinds, static_leaves, layouts = static
+    views = [views_of(buffer, layout) for buffer, layout in zip(buffers, layouts)]
+    array_it, other_it = iter(arrays), iter(static_leaves)
+    leaves = []
+    for kind in kinds:
+        if kind[0] == "param":
+            leaves.append(views[kind[1]][kind[2]])
+        elif kind[0] == "array":
+            leaves.append(next(array_it))
+        else:
+            leaves.append(next(other_it))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def present_mask(static: tuple, position: int, size: int) -> np.ndarray:
+    """Which of storage ``position``'s parameters appear in the call."""
+    present = np.zeros(size, bool)
+    for kind in static[1]:
+        if kind[0] == "param" and kind[1] == position:
+            present[kind[2]] = True
+    return present
+
+
+def _value_and_grads(
+    loss_fn: Callable[..., Any], static: tuple, buffers: list, arrays: list
+) -> tuple[jax.Array, list]:
+    """Loss and gradients w.r.t. every storage's buffer (through per-parameter views,
+    so no gradient is taken through a slice of a large buffer)."""
+    layouts = static[3]
+
+    def loss_of(views: list) -> jax.Array:
+        tree, args, kwargs = rebuild_from_views(static, views, arrays)
+        return loss_fn(tree, *args, **kwargs)
+
+    views = [views_of(buffer, layout) for buffer, layout in zip(buffers, layouts)]
+    loss, view_grads = jax.value_and_grad(loss_of)(views)
+    return loss, [join_views(g, layout) for g, layout in zip(view_grads, layouts)]
+
+
+def rebuild_from_views(static: tuple, views: list, arrays: list) -> tuple[Any, tuple, dict]:
+    """:func:`rebuild`, from views already cut."""
+    treedef, kinds, static_leaves, _ = static
+    array_it, other_it = iter(arrays), iter(static_leaves)
+    leaves = []
+    for kind in kinds:
+        if kind[0] == "param":
+            leaves.append(views[kind[1]][kind[2]])
+        elif kind[0] == "array":
+            leaves.append(next(array_it))
+        else:
+            leaves.append(next(other_it))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+_compiled_value_and_grads = jax.jit(_value_and_grads, static_argnums=(0, 1))
+
+
+def device_domain(array: Any) -> frozenset[int] | None:
+    """The ids of the devices ``array`` is committed to (None: not committed, e.g. NumPy)."""
+    if not isinstance(array, jax.Array) or not getattr(array, "committed", True):
+        return None
+    return frozenset(d.id for d in array.sharding.device_set)
+
+
+def value_and_grads(
+    loss_fn: Callable[..., Any], traced: Traced
+) -> tuple[jax.Array, list[jax.Array]]:
+    """Loss and gradient w.r.t. every storage's buffer, each gradient placed as its buffer.
+
+    Inputs committed to different devices cannot meet in one jitted call; they
+    are gathered on the first input's device for the call, and each gradient
+    goes back to where its buffer lives (correct everywhere, fast on one domain).
+    """
+    buffers, arrays = traced.buffers, traced.arrays
+    domains = {device_domain(x) for x in [*buffers, *arrays]} - {None}
+    if len(domains) > 1:
+        device = next(iter(buffers[0].sharding.device_set))
+        buffers = [jax.device_put(b, device) for b in buffers]
+        arrays = [jax.device_put(a, device) if isinstance(a, jax.Array) else a for a in arrays]
+    try:
+        hash((loss_fn, traced.static))
+        run = _compiled_value_and_grads
+    except TypeError:
+        run = _value_and_grads
+    loss, grads = run(loss_fn, traced.static, buffers, arrays)
+    if len(domains) > 1:
+        grads = [jax.device_put(g, b.sharding) for g, b in zip(grads, traced.buffers)]
+    return loss, grads
+
+
+def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
+    """Evaluate ``loss_fn(tree, *args, **kwargs)`` and accumulate gradients into ``.grad``.
+
+    Every :class:`Parameter` in the pytree ``tree`` (or in ``args``/``kwargs``)
+    is replaced by its array before ``loss_fn`` sees it; the gradient of the
+    (scalar) loss with respect to each Parameter is *added* to its ``.grad``
+    (set when it was ``None``), as ``loss.backward()`` does in torch.
+
+    ``loss_fn`` runs under ``jax.jit``, compiled once per structure: arrays
+    anywhere in the arguments are traced, every other leaf (Python numbers,
+    strings, callables) is static, as with ``equinox.filter_jit``. So
+    ``loss_fn`` must be a pure function of its inputs (no side effects), like
+    any JAX loss. Arguments that cannot be hashed fall back to eager
+    evaluation. Parameters on different devices are gathered on one device
+    for the call; their gradients land where each parameter lives.
+
+    Args:
+      loss_fn: ``loss_fn(tree, *args, **kwargs) -> scalar``.
+      tree: a pytree holding Parameters.
+      *args: further arguments (may hold Parameters too).
+      **kwargs: further keyword arguments.
+
+    Returns:
+      The loss.
+
+    Raises:
+      ValueError: the arguments hold no Parameter.
+
+    Example:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, 2.0]))
+      >>> float(lucid.backward(lambda w: (w ** 2).sum(), w)), w.grad.tolist()
+      (5.0, [2.0, 4.0])
+    """
+    traced = partition(tree, args, kwargs)
+    if not traced.storages:
+        raise ValueError("lucid.backward: the arguments hold no lucid.Parameter")
+    loss, grads = value_and_grads(loss_fn, traced)
+    for position, (storage, grad) in enumerate(zip(traced.storages, grads)):
+        size = len(storage.layout.sizes)
+        storage.add_grads(grad, present_mask(traced.static, position, size))
+    return loss
