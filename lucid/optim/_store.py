@@ -1,8 +1,8 @@
 """Flat storage behind Parameter boxes, for the compiled step.
 
 A :class:`FlatStore` (a :class:`lucid._storage.Storage`) holds the values of
-several Parameters of one dtype and one placement as a single buffer (``flat``): 1-D for parameters on one device or
-replicated, ``(rows, columns)`` for parameters sharded along their first axis,
+several Parameters of one dtype and one placement as a single buffer
+(``flat``): 1-D for parameters on one device or replicated, ``(rows, columns)`` for parameters sharded along their first axis,
 so each device holds the blocks it already had and nothing moves. A parameter
 with any other sharding keeps its own array, shape and sharding.
 It also holds their gradients the same way, so a compiled step reads and
@@ -185,7 +185,8 @@ class FlatStore:
             raise ValueError(
                 f"this parameter is held by a compiled optimizer as {self.shapes[index]} "
                 f"{self.value_dtype}; assigning a {tuple(value.shape)} {value.dtype} array is a "
-                "change of structure: set it before compiling, or call add_param_group with a new one"
+                "change of structure: set it before compiling, or call add_param_group with a "
+                "new one"
             )
         if self.flat:
             self.values = _write(self.values, value, self.offsets[index])
