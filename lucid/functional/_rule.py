@@ -63,6 +63,8 @@ class Rule:
         optional field whose flag came on after the state was made, where torch
         does (SGD's momentum buffer begins from the raw gradient); ``None``
         where torch raises instead.
+      supports_complex: whether torch runs this rule on complex parameters (on
+        their real view, ``(..., 2)``: real and imaginary parts are two reals).
       hidden: state fields lucid keeps that torch's state_dict does not show,
         mapped to the value each takes when a state is loaded from a checkpoint
         (SGD's ``step``, which only tells a new momentum buffer from a started one).
@@ -80,6 +82,7 @@ class Rule:
     optional: Mapping[str, str] = dataclasses.field(default_factory=dict)
     start_optional: Callable[..., Any] | None = None
     hidden: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    supports_complex: bool = True
 
 
 def is_number(value: Any) -> bool:
@@ -103,8 +106,39 @@ def is_sparse(value: Any) -> bool:
 
 
 def compute_dtype(dtype: Any) -> np.dtype:
-    """The dtype a parameter's update is computed in: float64 stays, the rest is float32."""
+    """The real dtype a parameter's update is computed in: float64 (and complex128)
+    stay double, the rest is float32."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        dtype = jnp.finfo(dtype).dtype
     return np.dtype(jnp.promote_types(dtype, jnp.float32))
+
+
+def is_complex(x: Any) -> bool:
+    """True for a complex array (torch runs the rule on its real view)."""
+    return jnp.issubdtype(jnp.result_type(x), jnp.complexfloating)
+
+
+def _as_real(x: Array) -> Array:
+    """torch's ``view_as_real``: a complex array as ``(..., 2)`` real and imaginary parts."""
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+def _as_complex(x: Array, dtype: Any) -> Array:
+    """The inverse of :func:`_as_real`."""
+    return jax.lax.complex(x[..., 0], x[..., 1]).astype(dtype)
+
+
+def check_complex(rule: Rule, dtype: Any) -> None:
+    """Refuse a complex parameter for a rule torch does not run on complex numbers.
+
+    Raises:
+      ValueError: naming the optimizer.
+    """
+    if not rule.supports_complex and jnp.issubdtype(dtype, jnp.complexfloating):
+        raise ValueError(
+            f"{rule.name} does not support complex parameters (torch's does not either); "
+            "optimize the real and imaginary parts as two real parameters"
+        )
 
 
 def resolve(hyper: Mapping[str, HyperValue], count: Array) -> dict[str, Any]:
@@ -156,6 +190,16 @@ def apply_leaf(
     back to the dtypes they are stored in. A sparse ``grad`` goes, uncast, to
     ``rule.sparse_update`` when the rule has one.
     """
+    if is_complex(param):  # torch: the real rule on view_as_real of everything
+        real_state = type(state)(*(_as_real(v) if _is_complex_field(v) else v for v in state))
+        new_param, new_real = apply_leaf(
+            rule, flags, hyper, _as_real(param), _as_real(grad), real_state
+        )
+        fields = (
+            _as_complex(new, old.dtype) if _is_complex_field(old) else new
+            for new, old in zip(new_real, state)
+        )
+        return _as_complex(new_param, param.dtype), type(state)(*fields)
     cdtype = compute_dtype(param.dtype)
     hyper_c = {k: jnp.asarray(v, cdtype) for k, v in hyper.items()}
     state_c = jax.tree_util.tree_map(
@@ -169,6 +213,10 @@ def apply_leaf(
     return new_param.astype(param.dtype), _restore_dtypes(new_state, state, param.dtype)
 
 
+def _is_complex_field(value: Any) -> bool:
+    return value is not None and jnp.ndim(value) > 0 and is_complex(value)
+
+
 def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array) -> Any:
     """The state ``rule`` starts from for one parameter (or for a flat buffer of
     parameters: every rule's ``init`` is elementwise).
@@ -176,6 +224,11 @@ def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], pa
     Every field gets its own buffer (a rule may build two moments from one
     zeros array), so the state can be donated to a jitted step.
     """
+    if is_complex(param):  # state made for the real view, kept complex as torch keeps it
+        real = init_leaf(rule, flags, hyper, _as_real(param))
+        return type(real)(
+            *(_as_complex(v, param.dtype) if v is not None and jnp.ndim(v) else v for v in real)
+        )
     cdtype = compute_dtype(param.dtype)
     hyper_c = {k: jnp.asarray(v, cdtype) for k, v in hyper.items()}
     state = rule.init(param, hyper_c, **flags)
@@ -284,6 +337,8 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
 
     def init_fn(params: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten(params)
+        for leaf in leaves:
+            check_complex(rule, jnp.result_type(leaf))
         start = pack(rule, resolve(hyper, jnp.zeros((), jnp.int32)))
         states = [init_leaf(rule, flags, start, jnp.asarray(p)) for p in leaves]
         return _transpose_out(states, treedef, rule.state)

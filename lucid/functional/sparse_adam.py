@@ -169,6 +169,7 @@ SPARSE_ADAM = Rule(
     update=_update,
     complements=("beta1", "beta2"),
     sparse_update=_update_sparse,
+    supports_complex=False,
 )
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from .._parameter import Parameter
 from .._storage import check_grad
 from .._trace import device_domain
-from ..functional._rule import Rule, apply_leaf, hyper_values
+from ..functional._rule import Rule, apply_leaf, compute_dtype, hyper_values
 from ._state import begin
 
 
@@ -81,13 +81,14 @@ class EagerBackend:
 
     def __init__(self, optimizer: OptimizerView, states: dict[Parameter, Any] | None = None):
         self.optimizer = optimizer
-        self._states: dict[Parameter, Any] = dict(states or {})
+        self._states: dict[Parameter, Any] = {} if states is None else states
 
     def states(self) -> dict[Parameter, Any]:
         return self._states
 
     def load(self, states: dict[Parameter, Any]) -> None:
-        self._states = dict(states)
+        self._states.clear()  # in place: an own-step optimizer's defaultdict stays one
+        self._states.update(states)
 
     def groups_changed(self) -> None:
         pass
@@ -115,7 +116,7 @@ class EagerBackend:
             for i, p in enumerate(params):
                 batches.setdefault(device_domain(p.data), []).append(i)
             for members in batches.values():
-                wide = any(params[i].dtype == np.float64 for i in members)
+                wide = any(compute_dtype(params[i].dtype) == np.float64 for i in members)
                 vector = np.asarray(values, np.float64 if wide else np.float32)
                 work.append(
                     (fn, vector, [params[i] for i in members], [states[i] for i in members])

@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._layout import Layout, join_views, views_of
 from .._storage import check_grad
+from ..functional._rule import compute_dtype
 
 Array = jax.Array
 
@@ -100,7 +101,7 @@ class FlatStore:
         self.params = list(params)
         self.flat = flat
         self.value_dtype = values[0].dtype
-        self.wide = self.value_dtype == np.float64  # hyper-parameters in float64 too
+        self.wide = compute_dtype(self.value_dtype) == np.float64  # hyper-parameters in float64 too
         self.shapes = tuple(tuple(v.shape) for v in values)
         self.sizes = tuple(int(np.prod(s)) for s in self.shapes)
         self.layout = Layout(flat, rows, self.sizes, self.shapes)
@@ -256,7 +257,7 @@ class Borrowed:
     def __init__(self, param: Any) -> None:
         self.params = [param]
         self.value_dtype = param.dtype
-        self.wide = self.value_dtype == np.float64
+        self.wide = compute_dtype(self.value_dtype) == np.float64
         shape = tuple(param.shape)
         self.layout = Layout(False, 1, (int(np.prod(shape)),), (shape,))
 

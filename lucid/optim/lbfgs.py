@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._parameter import Parameter
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
 from .optimizer import Optimizer, ParamsT, options_of, to_array
 
@@ -179,6 +180,13 @@ class LBFGS(Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if self.param_groups:
             raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
+        params = param_group.get("params", [])
+        params = [params] if isinstance(params, Parameter) else list(params)
+        if any(isinstance(p, Parameter) and jnp.iscomplexobj(p.data) for p in params):
+            raise ValueError(
+                "lucid's LBFGS does not support complex parameters (torch's runs on their real "
+                "view): optimize the real and imaginary parts as two real parameters"
+            )
         super().add_param_group(param_group)
 
     # ------------------------------------------------------------ flat views

@@ -19,8 +19,9 @@ has torch's keys and checkpoints move both ways):
   and uses the closed form where the class has one;
 * ``get_last_lr()`` returns the lrs the last step wrote.
 
-Not reproduced: torch wraps ``optimizer.step`` to warn when the scheduler is
-stepped before the optimizer.
+The first ``step()`` after construction warns, with torch's text, when the
+optimizer has not stepped yet (lucid's optimizers record their steps as torch's
+wrapped ``step`` does).
 """
 
 from __future__ import annotations
@@ -33,7 +34,18 @@ EPOCH_DEPRECATION_WARNING = (
     "The epoch parameter in `scheduler.step()` was not necessary and is being "
     "deprecated where possible. Please use `scheduler.step()` to step the "
     "scheduler. During the deprecation, if epoch is different from None, the "
-    "closed form is used instead of the new chainable form, where available."
+    "closed form is used instead of the new chainable form, where available. "
+    "Please open an issue if you are unable to replicate your use case: "
+    "https://github.com/pytorch/pytorch/issues/new/choose."
+)
+
+ORDER_WARNING = (
+    "Detected call of `lr_scheduler.step()` before `optimizer.step()`. "
+    "In PyTorch 1.1.0 and later, you should call them in the opposite order: "
+    "`optimizer.step()` before `lr_scheduler.step()`.  Failure to do this "
+    "will result in PyTorch skipping the first value of the learning rate schedule. "
+    "See more details at "
+    "https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate"
 )
 
 
@@ -55,6 +67,13 @@ def per_group(name: str, optimizer: Any, value: Any) -> list[Any]:
             )
         return list(value)
     return [value] * len(groups)
+
+
+def _has_stepped(optimizer: Any) -> bool:
+    """Whether ``optimizer.step()`` ran (lucid's optimizers record it, as torch's wrapped
+    step does; a CompiledOptimizer answers for the optimizer it runs)."""
+    inner = getattr(optimizer, "optimizer", None)
+    return bool(getattr(optimizer, "_opt_called", False) or getattr(inner, "_opt_called", False))
 
 
 def group_values(optimizer: Any, key: str) -> list[Any]:
@@ -144,6 +163,10 @@ class LRScheduler:
             )
 
     def step(self, epoch: int | None = None) -> None:
+        """Advance the schedule and write each group's ``lr`` (torch warns, as here, when
+        the first call comes before any ``optimizer.step()``)."""
+        if self._step_count == 1 and not _has_stepped(self.optimizer):
+            warnings.warn(ORDER_WARNING, UserWarning, stacklevel=2)
         self._step_count += 1
         if epoch is not None:
             warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)

@@ -187,6 +187,15 @@ class OneCycleLR(LRScheduler):
             for phase in self._schedule_phases
         ]
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Also torch's older format, which saved the annealing function itself
+        (``anneal_func``) instead of its name. As in torch 2.13, such a checkpoint
+        keeps the strategy this scheduler was constructed with: torch only falls back
+        to the saved function when the scheduler has no strategy of its own."""
+        state = dict(state_dict)
+        state.pop("anneal_func", None)
+        super().load_state_dict(state)
+
     def get_lr(self) -> list[Any]:
         self._warn_if_called_directly()
         t = self.last_epoch

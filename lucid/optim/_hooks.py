@@ -1,0 +1,99 @@
+"""torch.optim's hooks: registries, removable handles and the step wrapper.
+
+torch calls, around every ``step``: the global step pre-hooks, then the
+optimizer's own (each may return ``(new_args, new_kwargs)``), the step, then the
+optimizer's own post-hooks and the global ones. ``state_dict`` and
+``load_state_dict`` have pre- and post-hooks with ``prepend``. Every
+registration returns a handle whose ``remove()`` unregisters it.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+_ids = itertools.count()
+
+
+class RemovableHandle:
+    """Unregisters a hook with ``remove()`` (or on leaving a ``with`` block), as torch's.
+
+    Example:
+      >>> import jax.numpy as jnp, lucid
+      >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+      >>> handle = opt.register_step_post_hook(lambda opt, args, kwargs: None)
+      >>> handle.remove()
+    """
+
+    def __init__(self, registry: OrderedDict) -> None:
+        self.registry = registry
+        self.id = next(_ids)
+
+    def remove(self) -> None:
+        """Unregister the hook (a second call does nothing)."""
+        self.registry.pop(self.id, None)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def register(registry: OrderedDict, hook: Callable, prepend: bool = False) -> RemovableHandle:
+    """Add ``hook`` to ``registry`` (first with ``prepend``) and return its handle."""
+    handle = RemovableHandle(registry)
+    registry[handle.id] = hook
+    if prepend:
+        registry.move_to_end(handle.id, last=False)
+    return handle
+
+
+GLOBAL_STEP_PRE_HOOKS: OrderedDict[int, Callable] = OrderedDict()
+GLOBAL_STEP_POST_HOOKS: OrderedDict[int, Callable] = OrderedDict()
+
+
+def register_optimizer_step_pre_hook(hook: Callable) -> RemovableHandle:
+    """Register ``hook(optimizer, args, kwargs) -> None | (args, kwargs)`` before every
+    optimizer's step (torch.optim.optimizer's global hook)."""
+    return register(GLOBAL_STEP_PRE_HOOKS, hook)
+
+
+def register_optimizer_step_post_hook(hook: Callable) -> RemovableHandle:
+    """Register ``hook(optimizer, args, kwargs)`` after every optimizer's step."""
+    return register(GLOBAL_STEP_POST_HOOKS, hook)
+
+
+def hooked_step(step: Callable) -> Callable:
+    """``step`` with torch's hook calls around it (see the module docstring)."""
+    if getattr(step, "hooked", False):
+        return step
+
+    @functools.wraps(step)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        self = args[0]  # as in torch, the hooks' args start with the optimizer
+        for pre_hook in itertools.chain(
+            list(GLOBAL_STEP_PRE_HOOKS.values()), list(self._step_pre_hooks.values())
+        ):
+            result = pre_hook(self, args, kwargs)
+            if result is not None:
+                if isinstance(result, tuple) and len(result) == 2:
+                    args, kwargs = result
+                else:
+                    raise RuntimeError(
+                        f"{step} must return None or a tuple of (new_args, new_kwargs), "
+                        f"but got {result}."
+                    )
+        out = step(*args, **kwargs)
+        self._opt_called = True  # read by the LR schedulers' order check
+        for post_hook in itertools.chain(
+            list(self._step_post_hooks.values()), list(GLOBAL_STEP_POST_HOOKS.values())
+        ):
+            post_hook(self, args, kwargs)
+        return out
+
+    wrapper.hooked = True  # type: ignore[attr-defined]
+    return wrapper
