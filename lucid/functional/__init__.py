@@ -5,7 +5,7 @@ keyword names and defaults; ``schedules`` holds torch's LR schedulers as
 step-indexed functions.
 """
 
-from . import schedules
+from . import averaging, schedules
 from ._rule import Rule
 from .adadelta import AdadeltaState, adadelta
 from .adagrad import AdagradState, adagrad
@@ -40,6 +40,7 @@ __all__ = [
     "adamax",
     "adamw",
     "asgd",
+    "averaging",
     "lbfgs",
     "nadam",
     "radam",

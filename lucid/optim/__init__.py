@@ -1,6 +1,6 @@
 """torch.optim's stateful API over lucid.functional's rules."""
 
-from . import lr_scheduler
+from . import lr_scheduler, swa_utils
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
@@ -72,4 +72,5 @@ __all__ = [
     "compile_optimizer",
     "fused_step",
     "lr_scheduler",
+    "swa_utils",
 ]
