@@ -46,7 +46,7 @@ class Parameter:
     Raises:
       TypeError: ``.grad`` is assigned something that is not an array or None.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> w = lucid.Parameter(jnp.zeros(3))
       >>> w.grad = jnp.ones(3)

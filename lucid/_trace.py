@@ -186,7 +186,7 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
     Raises:
       ValueError: the arguments hold no Parameter.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> w = lucid.Parameter(jnp.array([1.0, 2.0]))
       >>> float(lucid.backward(lambda w: (w ** 2).sum(), w)), w.grad.tolist()

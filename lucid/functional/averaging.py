@@ -84,7 +84,7 @@ def swa() -> Averager:
     Returns:
       An :class:`Averager` (torch: ``AveragedModel`` with its default average).
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid.functional as LF
       >>> avg = LF.averaging.swa()
       >>> state = avg.init(jnp.zeros(2))
@@ -108,7 +108,7 @@ def ema(decay: float = 0.999) -> Averager:
     Raises:
       ValueError: ``decay`` outside ``[0, 1]``.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid.functional as LF
       >>> avg = LF.averaging.ema(0.5)
       >>> state = avg.init(jnp.zeros(1))

@@ -21,7 +21,7 @@ _ids = itertools.count()
 class RemovableHandle:
     """Unregisters a hook with ``remove()`` (or on leaving a ``with`` block), as torch's.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
       >>> handle = opt.register_step_post_hook(lambda opt, args, kwargs: None)

@@ -40,7 +40,7 @@ class CompiledOptimizer:
       optimizer: the optimizer that runs compiled (for LBFGS, the separate
         Barzilai-Borwein optimizer that shares the L-BFGS's ``param_groups``).
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> w = lucid.Parameter(jnp.ones(3))
       >>> opt = lucid.optim.SGD([w], lr=0.1, momentum=0.9)

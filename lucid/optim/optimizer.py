@@ -69,7 +69,7 @@ class Optimizer:
         that is not a Parameter.
       ValueError: an empty parameter list, a parameter in two groups, invalid options.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> class SignSGD(lucid.optim.Optimizer):
       ...     def __init__(self, params, lr=0.01):

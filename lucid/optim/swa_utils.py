@@ -108,7 +108,7 @@ class AveragedModel:
       multi_avg_fn: ``multi_avg_fn(averaged_list, current_list, n_averaged) -> new list``.
       use_buffers: also average the plain array leaves (torch: buffers).
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> from lucid.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
       >>> w = lucid.Parameter(jnp.array([1.0]))
@@ -243,7 +243,7 @@ class SWALR(LRScheduler):
       ValueError: an unknown strategy, a negative or non-integer ``anneal_epochs``,
         or ``swa_lr`` of the wrong length.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.ones(1))], lr=1.0)
       >>> sched = lucid.optim.swa_utils.SWALR(opt, swa_lr=0.1, anneal_epochs=2)
