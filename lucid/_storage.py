@@ -9,7 +9,8 @@ other optimizers holding the same Parameter: each reads and writes the one
 place the value lives.
 
 The protocol has two halves. *Access*: ``value``, ``set_value``, ``grad``,
-``set_grad``, ``shape``, ``dtype``, ``clear_grads``. *Tracing*, used by
+``set_grad``, ``shape``, ``dtype``, ``clear_grads``, and ``grad_buffer`` /
+``set_grad_buffer`` for whole-storage gradient work (clipping) in one call. *Tracing*, used by
 :func:`lucid.backward` and fused steps to differentiate through stored
 parameters without copying them out: ``buffer`` (the array holding every value
 of the storage), ``layout`` (how the buffer holds them, hashable) and
@@ -42,6 +43,13 @@ class Storage(Protocol):
     def shape(self, index: int) -> tuple[int, ...]: ...
     def dtype(self, index: int) -> np.dtype: ...
     def clear_grads(self, indices: Sequence[int], set_to_none: bool) -> None: ...
+    def grad_buffer(self, indices: Sequence[int]) -> Array | None:
+        """The buffer of every gradient (zero where a parameter has none) when the
+        parameters at ``indices`` are exactly those with a gradient; else None."""
+
+    def set_grad_buffer(self, buffer: Array) -> None:
+        """Replace the gradient buffer :meth:`grad_buffer` returned (same layout)."""
+
     @property
     def buffer(self) -> Array: ...
     def add_grads(self, grads: Array, present: np.ndarray) -> None: ...
@@ -97,6 +105,12 @@ class OwnArrays:
             self._grad = None
         else:
             self._grad = jax.numpy.zeros_like(self._grad)
+
+    def grad_buffer(self, indices: Sequence[int]) -> Array | None:
+        return self._grad if self._grad is not None and list(indices) == [0] else None
+
+    def set_grad_buffer(self, buffer: Array) -> None:
+        self._grad = buffer
 
     @property
     def buffer(self) -> Array:

@@ -155,6 +155,15 @@ class FlatStore:
     def buffer(self) -> Array:
         return self.values
 
+    def grad_buffer(self, indices: Sequence[int]) -> Array | None:
+        if self.grads is None or set(indices) != set(np.flatnonzero(self.has_grad).tolist()):
+            return None
+        return self.grads
+
+    def set_grad_buffer(self, buffer: Array) -> None:
+        self.grads = buffer
+        self._grad_cache.clear()
+
     def add_grads(self, grads: Array, present: np.ndarray) -> None:
         self.accumulate(grads, present)
 
