@@ -86,3 +86,38 @@ def test_fused_step_with_extra_arguments_and_constants():
     expected = 1.0 - 0.1 * 0.5 * 2 * (2.0 - x) * 2.0
     chex.assert_trees_all_close(w.data, expected, rtol=1e-12)
     chex.assert_trees_all_close(frozen.data, jnp.full(3, 2.0))
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["fused", "shared-params-fallback"])
+def test_fused_step_with_torchs_clipping_matches_a_torch_loop(shared):
+    """fused_step(grad_transform=LF.clip_grad_norm(...)) against torch's
+    backward + clip_grad_norm_ + step; .grad stays as it was."""
+    params = _params()
+    tparams = {k: torch.tensor(v, requires_grad=True) for k, v in sorted(problem().items())}
+    opt = lucid.optim.AdamW(list(params.values()), lr=0.05)
+    topt = torch.optim.AdamW(list(tparams.values()), lr=0.05)
+    if shared:  # another compiled optimizer holds the parameters: the fused step borrows
+        lucid.compile_optimizer(lucid.optim.SGD(list(params.values()), lr=0.0))
+    fused = lucid.optim.fused_step(
+        loss_jax, opt, grad_transform=lucid.functional.clip_grad_norm(0.5)
+    )
+    params["b"].grad = jnp.ones(3)
+    for _ in range(8):
+        fused(params)
+        topt.zero_grad()
+        loss_torch(tparams).backward()
+        torch.nn.utils.clip_grad_norm_(list(tparams.values()), 0.5)
+        topt.step()
+        _assert_params_close(params, tparams)
+    np.testing.assert_array_equal(np.asarray(params["b"].grad), np.ones(3))
+    assert params["w"].grad is None
+
+
+def test_lucid_clip_grad_norm_transform_is_torchs_formula_not_optaxs():
+    grads = {"w": jnp.array([3.0, 4.0]), "b": jnp.array([0.0, 12.0])}  # total norm 13
+    tw, tb = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    tw.grad, tb.grad = torch.tensor([3.0, 4.0]), torch.tensor([0.0, 12.0])
+    torch.nn.utils.clip_grad_norm_([tw, tb], 13.0)  # 13 / (13 + 1e-6) < 1: torch scales
+    updates, _ = lucid.functional.clip_grad_norm(13.0).update(grads, None)
+    np.testing.assert_allclose(np.asarray(updates["w"]), tw.grad.numpy(), rtol=1e-7)
+    assert float(updates["w"][0]) < 3.0  # optax's clip_by_global_norm would leave 3.0

@@ -12,6 +12,7 @@ from .adagrad import AdagradState, adagrad
 from .adam import AdamState, adam, adamw
 from .adamax import AdamaxState, adamax
 from .asgd import ASGDState, asgd
+from .clipping import clip_grad_norm
 from .lbfgs import LBFGSState, lbfgs
 from .nadam import NAdamState, nadam
 from .radam import RAdamState, radam
@@ -41,6 +42,7 @@ __all__ = [
     "adamw",
     "asgd",
     "averaging",
+    "clip_grad_norm",
     "lbfgs",
     "nadam",
     "radam",

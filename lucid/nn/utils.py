@@ -5,7 +5,7 @@ returns the total norm (a 0-d array) and scales every gradient by
 ``min(1, max_norm / (total_norm + 1e-6))``; ``clip_grad_value_`` clamps them.
 Gradients held by a compiled optimizer's flat buffer are clipped as that one
 buffer, so clipping thousands of parameters is one small executable, not
-thousands of dispatches.
+thousands of dispatches. The math is :mod:`lucid.functional.clipping`'s.
 """
 
 from __future__ import annotations
@@ -22,26 +22,11 @@ import jax.numpy as jnp
 from .._layout import views_of
 from .._parameter import Parameter
 from .._storage import by_storage
+from ..functional import clipping
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm"]
 
 Array = jax.Array
-
-
-def _vector_norm(x: Array, norm_type: float) -> Array:
-    """``torch.linalg.vector_norm`` of a flattened array."""
-    x = jnp.ravel(x)
-    if norm_type == float("inf"):
-        return jnp.max(jnp.abs(x)) if x.size else jnp.zeros((), x.dtype)
-    if norm_type == float("-inf"):
-        return jnp.min(jnp.abs(x))
-    if norm_type == 0:
-        return jnp.sum(x != 0).astype(x.dtype)
-    return (
-        jnp.linalg.norm(x, ord=norm_type)
-        if norm_type in (1, 2)
-        else (jnp.sum(jnp.abs(x) ** norm_type) ** (1.0 / norm_type))
-    )
 
 
 def _tensors(grads: list[Array], pieces: tuple) -> list[Array]:
@@ -59,14 +44,12 @@ def _tensors(grads: list[Array], pieces: tuple) -> list[Array]:
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _total_norm(grads: list[Array], pieces: tuple, norm_type: float) -> Array:
-    tensors = _tensors(grads, pieces)
-    norms = jnp.stack([_vector_norm(t, norm_type).astype(tensors[0].dtype) for t in tensors])
-    return _vector_norm(norms, norm_type)
+    return clipping.total_norm(_tensors(grads, pieces), norm_type)
 
 
 @jax.jit
 def _scaled(grads: list[Array], max_norm: Array, total_norm: Array) -> list[Array]:
-    coef = jnp.minimum(max_norm / (total_norm + 1e-6), 1.0)
+    coef = clipping.clip_coefficient(max_norm, total_norm)
     return [g * coef.astype(g.dtype) for g in grads]
 
 

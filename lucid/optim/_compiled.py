@@ -140,13 +140,25 @@ class CompiledBackend:
             self._commit(buckets, values, new_states)
 
     # -------------------------------------------------------------- fused
-    def fused(self, loss_fn: Callable, tree: Any, args: tuple, kwargs: dict) -> jax.Array:
-        """Forward, backward and update of every bucket in one executable."""
+    def fused(
+        self,
+        loss_fn: Callable,
+        tree: Any,
+        args: tuple,
+        kwargs: dict,
+        grad_transform: Any = None,
+        transform_state: Any = None,
+    ) -> tuple[jax.Array, Any]:
+        """Forward, backward, ``grad_transform`` (an optax transform applied to the
+        list of gradients in the optimizer's parameter order) and update of every
+        bucket in one executable. Returns the loss and the transform's new state."""
         traced = partition(tree, args, kwargs)
         position = {id(b.store): i for i, b in enumerate(self._buckets)}
         domains = {b.domain for b in self._buckets} - {None}
         if len(domains) > 1 or any(isinstance(b.store, Borrowed) for b in self._buckets):
-            return self._fused_in_steps(loss_fn, tree, args, kwargs)
+            return self._fused_in_steps(
+                loss_fn, tree, args, kwargs, grad_transform, transform_state
+            )
         # the loss's storages: our buckets (differentiated) and others (constants)
         sources = tuple(
             ("bucket", position[id(s)]) if id(s) in position else ("const", i)
@@ -155,41 +167,77 @@ class CompiledBackend:
         consts = [b for s, b in zip(sources, traced.buffers) if s[0] == "const"]
         states = self._begin(self._buckets)
         plans, hyper32, hyper64 = self._hyper(self._buckets, next(iter(domains), None))
-        structure = (traced.static, sources, tuple(b.store.layout for b in self._buckets))
-        key = ("fused", loss_fn, structure, plans, jax.tree_util.tree_structure(states))
-        run = self._executable(key, lambda: _fused_function(self.rule, loss_fn, structure, plans))
-        loss, values, new_states = run(
+        order = self._parameter_order() if grad_transform is not None else ()
+        structure = (traced.static, sources, tuple(b.store.layout for b in self._buckets), order)
+        key = (
+            "fused",
+            loss_fn,
+            grad_transform,
+            structure,
+            plans,
+            jax.tree_util.tree_structure(states),
+        )
+        run = self._executable(
+            key, lambda: _fused_function(self.rule, loss_fn, grad_transform, structure, plans)
+        )
+        loss, values, new_states, transform_state = run(
             hyper32,
             hyper64,
             [b.store.values for b in self._buckets],
             states,
             consts,
             traced.arrays,
+            transform_state,
         )
         self._commit(self._buckets, values, new_states)
-        return loss
+        return loss, transform_state
 
-    def _fused_in_steps(self, loss_fn: Callable, tree: Any, args: tuple, kwargs: dict) -> Any:
+    def parameters(self) -> list[Parameter]:
+        """The optimizer's parameters, in its groups' order."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _parameter_order(self) -> tuple[tuple[int, int], ...]:
+        """``(bucket, index in its store)`` of each parameter, in the optimizer's order."""
+        where = {
+            id(p): (b, i)
+            for b, bucket in enumerate(self._buckets)
+            for i, p in enumerate(bucket.store.params)
+        }
+        return tuple(where[id(p)] for p in self.parameters())
+
+    def _fused_in_steps(
+        self,
+        loss_fn: Callable,
+        tree: Any,
+        args: tuple,
+        kwargs: dict,
+        grad_transform: Any,
+        transform_state: Any,
+    ) -> tuple[Any, Any]:
         """The fused step's meaning, as backward + step (parameters on several device
         domains, or borrowed from another optimizer): ``.grad`` is left as it was."""
         from .._trace import backward
 
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        params = self.parameters()
         saved = [p.grad for p in params]
         for p in params:
             p.grad = None
         try:
             loss = backward(loss_fn, tree, *args, **kwargs)
-            for p in params:
-                if p.grad is None:
-                    p.grad = jnp.zeros(p.shape, p.dtype)
+            grads = [jnp.zeros(p.shape, p.dtype) if p.grad is None else p.grad for p in params]
+            if grad_transform is not None:
+                grads, transform_state = grad_transform.update(
+                    grads, transform_state, [p.data for p in params]
+                )
+            for p, grad in zip(params, grads):
+                p.grad = grad
             for group in self.optimizer.param_groups:
                 self.rule.validate(group)
             self.step()
         finally:
             for p, grad in zip(params, saved):
                 p.grad = grad
-        return loss
+        return loss, transform_state
 
     # ------------------------------------------------------------ layout
     def _entries(self, states: Mapping[Parameter, Any]) -> list[_Entry]:
@@ -404,11 +452,13 @@ def _step_function(rule: Rule, plans: tuple[_Plan, ...]) -> Callable:
     return jax.jit(step, donate_argnums=(2, 4))
 
 
-def _fused_function(rule: Rule, loss_fn: Callable, structure: tuple, plans: tuple) -> Callable:
-    static, sources, layouts = structure
+def _fused_function(
+    rule: Rule, loss_fn: Callable, grad_transform: Any, structure: tuple, plans: tuple
+) -> Callable:
+    static, sources, layouts, order = structure
     const_layouts = [static[3][i] for i, source in enumerate(sources) if source[0] == "const"]
 
-    def fused(hyper32, hyper64, values, states, consts, arrays):
+    def fused(hyper32, hyper64, values, states, consts, arrays, transform_state):
         const_views = [views_of(c, layout) for c, layout in zip(consts, const_layouts)]
 
         def loss_of(bucket_views):
@@ -422,8 +472,17 @@ def _fused_function(rule: Rule, loss_fn: Callable, structure: tuple, plans: tupl
 
         bucket_views = [views_of(buffer, layout) for buffer, layout in zip(values, layouts)]
         loss, view_grads = jax.value_and_grad(loss_of)(bucket_views)
+        if grad_transform is not None:  # on per-parameter gradients, the optimizer's order
+            grads_list = [view_grads[b][i] for b, i in order]
+            params_list = [bucket_views[b][i] for b, i in order]
+            grads_list, transform_state = grad_transform.update(
+                grads_list, transform_state, params_list
+            )
+            view_grads = [list(views) for views in view_grads]
+            for (b, i), grad in zip(order, grads_list):
+                view_grads[b][i] = grad
         grads = [join_views(g, layout) for g, layout in zip(view_grads, layouts)]
         new_values, new_states = _apply(rule, plans, hyper32, hyper64, values, grads, states)
-        return loss, new_values, new_states
+        return loss, new_values, new_states, transform_state
 
     return jax.jit(fused, donate_argnums=(2, 3))

@@ -195,25 +195,48 @@ class FusedStep:
     does not use gets a zero gradient, where an eager step would skip it), the
     Parameters' ``.data`` are current after the call, and ``.grad`` is left
     untouched. Parameters in the model that the optimizer does not hold are
-    treated as constants.
+    treated as constants. ``grad_transform``, any optax ``GradientTransformation``
+    (e.g. :func:`lucid.functional.clip_grad_norm`, torch's clipping), is applied
+    inside the same executable to the list of gradients in the optimizer's
+    parameter order before the update; its state is kept here
+    (``transform_state``).
     """
 
-    def __init__(self, loss_fn: Callable[..., Any], optimizer: Optimizer | CompiledOptimizer):
+    def __init__(
+        self,
+        loss_fn: Callable[..., Any],
+        optimizer: Optimizer | CompiledOptimizer,
+        grad_transform: Any = None,
+    ) -> None:
         self.loss_fn = loss_fn
         self.compiled = (
             optimizer if isinstance(optimizer, CompiledOptimizer) else compile_optimizer(optimizer)
         )
+        self.grad_transform = grad_transform
+        self.transform_state: Any = None
+        if grad_transform is not None:
+            params = self._backend().parameters()
+            self.transform_state = grad_transform.init([p.data for p in params])
+
+    def _backend(self) -> CompiledBackend:
+        backend = self.compiled.optimizer.backend
+        assert isinstance(backend, CompiledBackend)
+        return backend
 
     def __call__(self, tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
         optimizer = self.compiled.optimizer
         for group in optimizer.param_groups:
             optimizer.rule.validate(group)
-        backend = optimizer.backend
-        assert isinstance(backend, CompiledBackend)
-        return backend.fused(self.loss_fn, tree, args, kwargs)
+        loss, self.transform_state = self._backend().fused(
+            self.loss_fn, tree, args, kwargs, self.grad_transform, self.transform_state
+        )
+        return loss
 
 
-def fused_step(loss_fn: Callable[..., Any], optimizer: Optimizer) -> FusedStep:
+def fused_step(
+    loss_fn: Callable[..., Any], optimizer: Optimizer, grad_transform: Any = None
+) -> FusedStep:
     """Compile ``optimizer`` (as :func:`compile_optimizer`) and return a fused
-    training step for ``loss_fn``; see :class:`FusedStep`."""
-    return FusedStep(loss_fn, optimizer)
+    training step for ``loss_fn``, with an optional optax ``grad_transform`` applied
+    to the gradients before the update; see :class:`FusedStep`."""
+    return FusedStep(loss_fn, optimizer, grad_transform)
