@@ -123,4 +123,12 @@ for fused in (False, True):
         for held in per_device.values():
             assert held == total // 8 + scalar_bytes(opt), (held, total)
         print(style, "fused" if fused else "step", "bytes per device", held, "of", single_bytes)
+# a mesh axis the parameters' mesh does not have: refused when compiling
+w = lucid.Parameter(jax.device_put(jnp.ones(8), NamedSharding(mesh, P())))
+try:
+    lucid.compile_optimizer(lucid.optim.SGD([w], lr=0.1), shard_state_over="model")
+except ValueError as error:
+    assert "no axis 'model'" in str(error), error
+else:
+    raise AssertionError("an unknown mesh axis was accepted")
 print("OK")

@@ -49,6 +49,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_one_device_ignores_shard_state_over_and_compiling_twice_must_agree():
+    """On one device there is nothing to shard: the same numbers, the same program. A
+    second compile_optimizer must ask for the same sharding."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import lucid
+
+    runs = []
+    for option in (None, "data"):
+        w = lucid.Parameter(jnp.arange(4.0))
+        opt = lucid.optim.Adam([w], lr=0.1)
+        compiled = lucid.compile_optimizer(opt, shard_state_over=option)
+        for _ in range(2):
+            w.grad = jnp.ones(4)
+            opt.step()
+        runs.append(np.asarray(w.data))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert lucid.compile_optimizer(opt, shard_state_over="data") is compiled
+    assert lucid.optim.fused_step(lambda w: (w**2).sum(), opt).compiled is compiled
+    with pytest.raises(ValueError, match="shard_state_over"):
+        lucid.compile_optimizer(opt)
+
+
 def test_state_sharded_over_eight_devices():
     """ZeRO-1 (replicated parameters, ``shard_state_over``) and FSDP style (sharded
     parameters): the single-device numbers, and 1/8 of the state on each device."""
