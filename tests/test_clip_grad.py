@@ -77,7 +77,7 @@ def test_total_norm_and_clip_with_norm_are_torchs_two_halves():
 def test_a_non_finite_norm_raises_torchs_error_and_changes_nothing():
     grads = _grads(1.0)
     grads[0][0, 0] = np.nan
-    params, chosen, tparams, tchosen = _setup("flat", grads)
+    params, chosen, _, tchosen = _setup("flat", grads)
     before = [None if p.grad is None else np.asarray(p.grad).copy() for p in params]
     with pytest.raises(RuntimeError) as theirs:
         torch.nn.utils.clip_grad_norm_(tchosen, 1.0, error_if_nonfinite=True)

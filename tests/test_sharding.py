@@ -9,13 +9,16 @@ import subprocess
 import sys
 import textwrap
 
+from _distributed import rendezvous_flags
+
 SCRIPT = textwrap.dedent(
     """
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)  # see tests/test_distributed.py
     import lucid
 
     assert len(jax.devices()) == 8
@@ -88,7 +91,9 @@ def test_sharded_parameters_keep_their_sharding_and_their_numbers(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("XLA_FLAGS", None)
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    env["XLA_FLAGS"] = " ".join(rendezvous_flags())
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.strip().endswith("OK")

@@ -18,7 +18,12 @@ rule to every bucket, with:
   optimizers see each other's updates;
 * only a change of structure (a new group, shape, dtype, flag or state field,
   or a bucket whose parameters stop having gradients together) building a new
-  executable.
+  executable;
+* with ``shard_state_over`` (ZeRO-1), the state of buckets of replicated
+  parameters sharded over that mesh axis: inside the executable each device
+  updates its piece of the parameters and the state, and the new values are
+  gathered back to every device (XLA's collectives, placed by sharding
+  constraints). Sharded parameters' state follows their sharding either way.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class _Plan(NamedTuple):
     wide: bool  # hyper-parameters from the float64 vector
     start: int
     names: tuple[str, ...]
+    shard: Any = None  # sharded state: (length, padded length, state sharding, value sharding)
 
 
 class _Entry(NamedTuple):
@@ -73,9 +79,15 @@ class _Entry(NamedTuple):
 class CompiledBackend:
     """Runs an optimizer's steps as compiled executables (see the module docstring)."""
 
-    def __init__(self, optimizer: OptimizerView, states: Mapping[Parameter, Any]) -> None:
+    def __init__(
+        self,
+        optimizer: OptimizerView,
+        states: Mapping[Parameter, Any],
+        shard_state_over: str | tuple[str, ...] | None = None,
+    ) -> None:
         self.optimizer = optimizer
         self.rule: Rule = optimizer.rule
+        self.shard_state_over = shard_state_over
         self._buckets: list[_Bucket] = []
         self._executables: dict[Any, Callable] = {}
         self._device_vectors: dict[Any, tuple[list[float], jax.Array]] = {}
@@ -101,6 +113,16 @@ class CompiledBackend:
                 fields = [None if column is None else column[i] for column in columns]
                 states[p] = type(bucket.state)(*fields)
         return states
+
+    def state_arrays(self) -> list[jax.Array]:
+        """Every array of state the backend holds (the buckets' buffers and scalars)."""
+        return [
+            value
+            for bucket in self._buckets
+            if bucket.state is not None
+            for value in bucket.state
+            if value is not None
+        ]
 
     def load(self, states: dict[Parameter, Any]) -> None:
         self._rebuild(states)
@@ -283,7 +305,12 @@ class CompiledBackend:
                 where, rows, sharding = key[2]
                 flat = where[0] != "alone"
                 store = FlatStore(
-                    [e.param for e in members], [e.value for e in members], flat, rows, sharding
+                    [e.param for e in members],
+                    [e.value for e in members],
+                    flat,
+                    rows,
+                    sharding,
+                    self._state_sharding(where),
                 )
                 grads = [e.grad for e in members]
                 if all(g is not None for g in grads):
@@ -299,7 +326,7 @@ class CompiledBackend:
                         if value is None
                         else jnp.array(value, copy=True)
                         if np.ndim(value) == 0
-                        else store.like([getattr(e.state, name) for e in members])
+                        else store.like_state([getattr(e.state, name) for e in members])
                         for name, value in zip(first.state._fields, first.state)
                     )
                 )
@@ -310,6 +337,23 @@ class CompiledBackend:
                 for index, p in enumerate(bucket.store.params):
                     p.relocate(bucket.store, index)
                 bucket.store.on_restructure = self._restructure
+
+    def _state_sharding(self, where: Any) -> Any:
+        """The sharding of a bucket's state buffers under ``shard_state_over`` (None: laid
+        out as the values). Only buckets of parameters replicated over a mesh shard
+        their state; parameters sharded already keep state shaped as they are."""
+        if self.shard_state_over is None or where[0] != "replicated":
+            return None
+        mesh = where[1]
+        axes = self.shard_state_over
+        named = axes if isinstance(axes, tuple) else (axes,)
+        unknown = [a for a in named if a not in mesh.axis_names]
+        if unknown:
+            raise ValueError(
+                f"shard_state_over={axes!r}: the parameters are replicated over a mesh with "
+                f"axes {tuple(mesh.axis_names)}, which has no axis {unknown[0]!r}"
+            )
+        return NamedSharding(mesh, PartitionSpec(axes))
 
     def _release_all(self) -> None:
         """Give every parameter we hold its value and gradient back as its own arrays."""
@@ -350,7 +394,10 @@ class CompiledBackend:
             group = self.optimizer.param_groups[bucket.group]
             _, flags = self.rule.split(group)
             start = start_hyper(self.optimizer, group) if bucket.state is None else {}
-            states.append(begin(self.rule, flags, start, bucket.state, bucket.store.values))
+            store = bucket.store
+            creates = bucket.state is None or self.rule.start_optional is not None
+            template = store.state_template() if creates else store.values
+            states.append(begin(self.rule, flags, start, bucket.state, template))
         return states
 
     def _hyper(self, buckets: list[_Bucket], domain: Any) -> tuple[tuple[_Plan, ...], Any, Any]:
@@ -360,9 +407,14 @@ class CompiledBackend:
             names, values, flags = hyper_values(
                 self.rule, self.optimizer.param_groups[bucket.group]
             )
-            is_wide = bucket.store.wide
+            store = bucket.store
+            is_wide = store.wide
             target = wide if is_wide else narrow
-            plans.append(_Plan(tuple(sorted(flags.items())), is_wide, len(target), names))
+            shard = None
+            if store.state_sharding is not None:
+                length = sum(store.sizes)
+                shard = (length, store.state_length, store.state_sharding, store.sharding)
+            plans.append(_Plan(tuple(sorted(flags.items())), is_wide, len(target), names, shard))
             target.extend(values)
         where = _vector_sharding(buckets)
         return (
@@ -435,11 +487,31 @@ def _hyper_of(plan: _Plan, hyper32: jax.Array, hyper64: Any) -> dict[str, jax.Ar
     return {name: vector[plan.start + i] for i, name in enumerate(plan.names)}
 
 
+def _apply_sharded(rule: Rule, plan: _Plan, hyper: dict, value, grad, state):
+    """One bucket with sharded state (ZeRO-1): the replicated value and gradient are cut
+    to the state's pieces (padded as it is), each device updates its piece, and the new
+    value is gathered back to every device; the collectives are XLA's."""
+    length, padded, over, whole = plan.shard
+    constrain = jax.lax.with_sharding_constraint
+
+    def spread(x: jax.Array) -> jax.Array:
+        return constrain(jnp.pad(x, (0, padded - length)), over)
+
+    new_value, new_state = apply_leaf(
+        rule, dict(plan.flags), hyper, spread(value), spread(grad), state
+    )
+    new_state = jax.tree_util.tree_map(lambda s: constrain(s, over) if s.ndim else s, new_state)
+    return constrain(new_value, whole)[:length], new_state
+
+
 def _apply(rule: Rule, plans: tuple, hyper32: Any, hyper64: Any, values, grads, states):
     new_values, new_states = [], []
     for plan, value, grad, state in zip(plans, values, grads, states):
         hyper = _hyper_of(plan, hyper32, hyper64)
-        new_value, new_state = apply_leaf(rule, dict(plan.flags), hyper, value, grad, state)
+        if plan.shard is not None:
+            new_value, new_state = _apply_sharded(rule, plan, hyper, value, grad, state)
+        else:
+            new_value, new_state = apply_leaf(rule, dict(plan.flags), hyper, value, grad, state)
         new_values.append(new_value)
         new_states.append(new_state)
     return new_values, new_states

@@ -92,7 +92,7 @@ def load_entry(
     for name, default in rule.hidden.items():
         values[name] = jnp.asarray(default, np.float32)
     for name, value in saved.items():
-        array = np.asarray(to_array(value))
+        array = _host_or_global(to_array(value))
         if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
             raise ValueError(f"state {name!r} of parameter {key!r} has dtype {array.dtype}")
         if name in rule.scalar_state:
@@ -108,6 +108,14 @@ def load_entry(
             target = dtype
         values[name] = jnp.asarray(array, target)
     return rule.state(**values)
+
+
+def _host_or_global(value: Any) -> Any:
+    """A saved array as NumPy, except an array spread over several processes (a
+    multi-process checkpoint), which no process can hold whole: it stays as it is."""
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        return value
+    return np.asarray(value)
 
 
 def _zero_hyper(rule: Rule, options: Mapping[str, Any]) -> dict[str, float]:

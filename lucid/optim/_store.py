@@ -15,6 +15,11 @@ Each Parameter keeps its identity: ``p.data`` and ``p.grad`` read a slice of
 the store (computed once per change and cached), and assigning them writes the
 slice in place. Invariant: the gradient slice of a parameter without a
 gradient is zero.
+
+*Sharded state* (ZeRO-1): a store of replicated parameters may keep its state
+buffers sharded over a mesh axis (``state_sharding``). They are the flat layout
+padded with zeros to a multiple of the shard count, so each device holds an
+equal, contiguous piece; the padding is never shown (views cut from offset 0).
 """
 
 from __future__ import annotations
@@ -54,6 +59,18 @@ def _write(buffer: Array, value: Array, offset: Array) -> Array:
 _split = jax.jit(views_of, static_argnums=(1,))
 
 
+@functools.cache
+def _padded(length: int, dtype: Any, sharding: Any) -> Any:
+    """A jitted ``buffer -> buffer padded with zeros to length``, placed by ``sharding``
+    (one compiled program, run by every process of a multi-process mesh alike)."""
+
+    def pad(buffer: Array) -> Array:
+        buffer = jnp.zeros(length, dtype) if buffer is None else buffer.astype(dtype)
+        return jnp.pad(buffer, (0, length - buffer.shape[0]))
+
+    return jax.jit(pad, out_shardings=sharding)
+
+
 def dense(grad: Any) -> Any:
     """A gradient as a dense array: a compiled SparseAdam sees a BCOO as its nonzeros."""
     return grad.todense() if hasattr(grad, "todense") else grad
@@ -87,6 +104,15 @@ def placement(array: Array) -> tuple[Any, int, Any]:
     return ("rows", mesh, first), rows, NamedSharding(mesh, PartitionSpec(first, None))
 
 
+def _shard_count(sharding: Any) -> int:
+    """How many pieces ``sharding`` cuts a 1-D buffer into (1 for None)."""
+    if sharding is None:
+        return 1
+    first = sharding.spec[0]
+    axes = first if isinstance(first, tuple) else (first,)
+    return int(np.prod([sharding.mesh.shape[a] for a in axes]))
+
+
 class FlatStore:
     """Parameters' values and gradients in one buffer (see module docstring)."""
 
@@ -97,6 +123,7 @@ class FlatStore:
         flat: bool,
         rows: int = 1,
         sharding: Any = None,
+        state_sharding: Any = None,
     ) -> None:
         self.params = list(params)
         self.flat = flat
@@ -106,6 +133,11 @@ class FlatStore:
         self.sizes = tuple(int(np.prod(s)) for s in self.shapes)
         self.layout = Layout(flat, rows, self.sizes, self.shapes)
         self.sharding = sharding  # imposed on the flat buffers (None: where they land)
+        # state buffers sharded over a mesh axis (ZeRO-1), padded to ``state_length``
+        self.state_sharding = state_sharding if flat and rows == 1 else None
+        total = sum(self.sizes)
+        shards = _shard_count(self.state_sharding)
+        self.state_length = -(-total // shards) * shards
         self.columns = tuple(size // rows for size in self.sizes)
         self.offsets = tuple(int(o) for o in np.cumsum((0, *self.columns))[:-1])
         self.values: Array = self.like(values) if flat else jnp.asarray(values[0])
@@ -131,6 +163,22 @@ class FlatStore:
         dtype = arrays[0].dtype
         buffer = join_views([jnp.asarray(a).astype(dtype) for a in arrays], self.layout)
         return buffer if self.sharding is None else jax.device_put(buffer, self.sharding)
+
+    def like_state(self, arrays: Sequence[Array]) -> Array:
+        """Per-parameter state arrays as one state buffer of this store (:meth:`like`,
+        sharded and padded when the state is sharded)."""
+        if self.state_sharding is None:
+            return self.like(arrays)
+        dtype = arrays[0].dtype
+        joined = join_views([jnp.asarray(a).astype(dtype) for a in arrays], self.layout)
+        return _padded(self.state_length, dtype, self.state_sharding)(joined)
+
+    def state_template(self) -> Array:
+        """What a new state buffer is made like (every rule's ``init`` is elementwise and
+        reads only shapes): the values, or zeros laid out as sharded state is."""
+        if self.state_sharding is None:
+            return self.values
+        return _padded(self.state_length, self.value_dtype, self.state_sharding)(None)
 
     # ------------------------------------------------ the Storage protocol
     def value(self, index: int) -> Array:
@@ -262,6 +310,7 @@ class Borrowed:
     through the Parameter, so every optimizer holding it sees every update."""
 
     flat = False
+    state_sharding = None
 
     def __init__(self, param: Any) -> None:
         self.params = [param]
@@ -291,3 +340,8 @@ class Borrowed:
 
     def like(self, arrays: Sequence[Array]) -> Array:
         return jnp.array(arrays[0], copy=True)
+
+    like_state = like
+
+    def state_template(self) -> Array:
+        return self.values

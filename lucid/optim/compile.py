@@ -12,6 +12,7 @@ own state, sharing the L-BFGS's ``param_groups``, and the L-BFGS stays eager.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,6 +40,8 @@ class CompiledOptimizer:
     Attributes:
       optimizer: the optimizer that runs compiled (for LBFGS, the separate
         Barzilai-Borwein optimizer that shares the L-BFGS's ``param_groups``).
+      shard_state_over: the mesh axis (or axes) the state of replicated
+        parameters is sharded over (ZeRO-1), or None.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -51,9 +54,12 @@ class CompiledOptimizer:
       [0.8999999761581421, 0.8999999761581421, 0.8999999761581421]
     """
 
-    def __init__(self, optimizer: Optimizer) -> None:
+    def __init__(
+        self, optimizer: Optimizer, shard_state_over: str | tuple[str, ...] | None = None
+    ) -> None:
         self.optimizer = optimizer
-        optimizer.use_backend(CompiledBackend)
+        self.shard_state_over = shard_state_over
+        optimizer.use_backend(functools.partial(CompiledBackend, shard_state_over=shard_state_over))
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -89,6 +95,17 @@ class CompiledOptimizer:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load lucid's or torch's state_dict; validates everything before changing anything."""
         self.optimizer.load_state_dict(state_dict)
+
+    def state_bytes_per_device(self) -> dict[Any, int]:
+        """Bytes of optimizer state each device holds (this process's devices): with
+        sharded state, about the total over the number of shards."""
+        backend = self.optimizer.backend
+        assert isinstance(backend, CompiledBackend)
+        held: dict[Any, int] = {}
+        for array in backend.state_arrays():
+            for shard in array.addressable_shards:
+                held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+        return held
 
     def fused_step(self, loss_fn: Callable[..., Any]) -> FusedStep:
         """A fused training step for ``loss_fn`` on this optimizer (see :class:`FusedStep`)."""
@@ -151,7 +168,9 @@ def _supported() -> tuple[type, ...]:
 _COMPILED: weakref.WeakKeyDictionary[Optimizer, CompiledOptimizer] = weakref.WeakKeyDictionary()
 
 
-def compile_optimizer(optimizer: Optimizer) -> CompiledOptimizer:
+def compile_optimizer(
+    optimizer: Optimizer, *, shard_state_over: str | tuple[str, ...] | None = None
+) -> CompiledOptimizer:
     """Run ``optimizer``'s whole step as one compiled, in-place XLA executable.
 
     From now on the compiled backend runs ``optimizer.step()`` and holds its
@@ -160,15 +179,24 @@ def compile_optimizer(optimizer: Optimizer) -> CompiledOptimizer:
     :class:`CompiledOptimizer`. For LBFGS the compiled step is the closure-less
     Barzilai-Borwein step on its own state, and the L-BFGS itself stays eager.
 
+    Parameters sharded over a mesh keep their sharding and their state follows
+    it (FSDP style). With ``shard_state_over``, the state of parameters
+    replicated over a mesh is sharded over that mesh axis (ZeRO-1): each device
+    keeps and updates its piece, and the parameters stay replicated.
+
     Args:
       optimizer: one of lucid.optim's own classes (not a subclass).
+      shard_state_over: a mesh axis name (or a tuple of names) of the mesh the
+        parameters are replicated over; None keeps state laid out as the
+        parameters are.
 
     Returns:
       The :class:`CompiledOptimizer`.
 
     Raises:
       TypeError: any other class (the message lists the supported ones).
-      ValueError: the optimizer has no parameters.
+      ValueError: the optimizer has no parameters; it was compiled already with
+        another ``shard_state_over``; the parameters' mesh has no such axis.
     """
     supported = _supported()
     if type(optimizer) not in supported:
@@ -178,11 +206,18 @@ def compile_optimizer(optimizer: Optimizer) -> CompiledOptimizer:
             f"got {type(optimizer).__module__}.{type(optimizer).__qualname__}"
         )
     if optimizer in _COMPILED:
-        return _COMPILED[optimizer]
+        compiled = _COMPILED[optimizer]
+        if shard_state_over != compiled.shard_state_over:
+            raise ValueError(
+                f"this optimizer was compiled with shard_state_over="
+                f"{compiled.shard_state_over!r}; it cannot be compiled again with "
+                f"{shard_state_over!r}"
+            )
+        return compiled
     if not optimizer._params():
         raise ValueError("compile_optimizer: the optimizer has no parameters")
     runner = BarzilaiBorwein(optimizer) if optimizer.rule is LBFGS_RULE else optimizer
-    compiled = CompiledOptimizer(runner)
+    compiled = CompiledOptimizer(runner, shard_state_over)
     _COMPILED[optimizer] = compiled
     return compiled
 
@@ -207,11 +242,15 @@ class FusedStep:
         loss_fn: Callable[..., Any],
         optimizer: Optimizer | CompiledOptimizer,
         grad_transform: Any = None,
+        shard_state_over: str | tuple[str, ...] | None = None,
     ) -> None:
         self.loss_fn = loss_fn
-        self.compiled = (
-            optimizer if isinstance(optimizer, CompiledOptimizer) else compile_optimizer(optimizer)
-        )
+        if isinstance(optimizer, CompiledOptimizer):
+            self.compiled = optimizer
+        elif shard_state_over is None and optimizer in _COMPILED:
+            self.compiled = _COMPILED[optimizer]  # compiled already, however it was
+        else:
+            self.compiled = compile_optimizer(optimizer, shard_state_over=shard_state_over)
         self.grad_transform = grad_transform
         self.transform_state: Any = None
         if grad_transform is not None:
@@ -234,9 +273,14 @@ class FusedStep:
 
 
 def fused_step(
-    loss_fn: Callable[..., Any], optimizer: Optimizer, grad_transform: Any = None
+    loss_fn: Callable[..., Any],
+    optimizer: Optimizer,
+    grad_transform: Any = None,
+    *,
+    shard_state_over: str | tuple[str, ...] | None = None,
 ) -> FusedStep:
-    """Compile ``optimizer`` (as :func:`compile_optimizer`) and return a fused
+    """Compile ``optimizer`` (as :func:`compile_optimizer`, with ``shard_state_over``;
+    an optimizer compiled already keeps its compiled form) and return a fused
     training step for ``loss_fn``, with an optional optax ``grad_transform`` applied
     to the gradients before the update; see :class:`FusedStep`."""
-    return FusedStep(loss_fn, optimizer, grad_transform)
+    return FusedStep(loss_fn, optimizer, grad_transform, shard_state_over)

@@ -1,0 +1,111 @@
+"""Past one device: optimizer state sharded over 8 host CPU devices (ZeRO-1 and FSDP
+style), two processes joined by ``jax.distributed``, and an orbax checkpoint of
+the sharded state read back as torch's single-device format.
+
+The work runs in subprocesses (the device count is fixed when jax starts, and
+``jax.distributed`` can start once per process), each with a bounded wait: a
+process that hangs is killed and the test fails instead of stalling CI. The
+arrays are tiny and the steps few. How the subprocesses avoid XLA's CPU
+collective timeouts on a loaded machine: tests/_distributed.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _distributed import rendezvous_flags
+
+HERE = Path(__file__).parent
+TIMEOUT = 240  # seconds for a whole subprocess run: far above the ~10 s it takes
+
+
+def _env(devices: int) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env["XLA_FLAGS"] = " ".join(
+        [f"--xla_force_host_platform_device_count={devices}", *rendezvous_flags()]
+    )
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _run(args: list[str], env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip().endswith("OK"), result.stdout[-2000:]
+    return result.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_one_device_ignores_shard_state_over_and_compiling_twice_must_agree():
+    """On one device there is nothing to shard: the same numbers, the same program. A
+    second compile_optimizer must ask for the same sharding."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import lucid
+
+    runs = []
+    for option in (None, "data"):
+        w = lucid.Parameter(jnp.arange(4.0))
+        opt = lucid.optim.Adam([w], lr=0.1)
+        compiled = lucid.compile_optimizer(opt, shard_state_over=option)
+        for _ in range(2):
+            w.grad = jnp.ones(4)
+            opt.step()
+        runs.append(np.asarray(w.data))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert lucid.compile_optimizer(opt, shard_state_over="data") is compiled
+    assert lucid.optim.fused_step(lambda w: (w**2).sum(), opt).compiled is compiled
+    with pytest.raises(ValueError, match="shard_state_over"):
+        lucid.compile_optimizer(opt)
+
+
+def test_state_sharded_over_eight_devices():
+    """ZeRO-1 (replicated parameters, ``shard_state_over``) and FSDP style (sharded
+    parameters): the single-device numbers, and 1/8 of the state on each device."""
+    _run([str(HERE / "_sharded_state_script.py")], _env(8))
+
+
+def test_two_processes_train_and_checkpoint_sharded_state(tmp_path):
+    """Two processes on one global mesh: the compiled and fused steps with sharded
+    state, an orbax checkpoint written and restored shard by shard, the single-process
+    results, and the checkpoint read back as torch's format."""
+    pytest.importorskip("orbax.checkpoint")
+    script, port = str(HERE / "_multiprocess_script.py"), str(_free_port())
+    workers = [
+        subprocess.Popen(
+            [sys.executable, script, "worker", str(i), port, str(tmp_path)],
+            env=_env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    deadline = time.monotonic() + TIMEOUT
+    outputs = []
+    try:
+        for worker in workers:
+            outputs.append(worker.communicate(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for worker in workers:  # never leave a process waiting for its peer
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+    for worker, (out, err) in zip(workers, outputs):
+        assert worker.returncode == 0, err[-4000:]
+        assert out.strip().endswith("OK"), out[-2000:] + err[-2000:]
+    _run([script, "reference", str(tmp_path)], _env(1))
