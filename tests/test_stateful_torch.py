@@ -288,12 +288,29 @@ class TorchParityMachine(RuleBasedStateMachine):
             self.log.append(f"   -> both raised {type(t_exc).__name__}; sequence ends")
             self.done = True
             return None
+        if isinstance(l_exc, ValueError) and self._torch_constructor_refuses_a_group():
+            # deliberate: lucid checks hand-edited groups at the next step as torch's
+            # constructor would (e.g. nesterov with momentum 0); torch runs them
+            self.log.append("   -> lucid refused an invalid hand edit (deliberate); ends")
+            self.done = True
+            return None
         if l_exc is not None:
             raise AssertionError(
                 f"lucid raised {type(l_exc).__name__}({l_exc}) where torch did not\n"
                 f"operations so far:\n{self._history()}"
             ) from l_exc
         return t_res, l_res
+
+    def _torch_constructor_refuses_a_group(self) -> bool:
+        """Whether torch's own constructor would refuse some group's current options."""
+        for s in self.slots.values():
+            for group in s.topt.param_groups:
+                options = {k: v for k, v in group.items() if k in s.topt.defaults}
+                try:
+                    type(s.topt)([torch.zeros(1, requires_grad=True)], **options)
+                except ValueError:
+                    return True
+        return False
 
     def _new_param(self, rng: np.random.Generator, shape: tuple[int, ...]) -> None:
         value = rng.normal(size=shape)
