@@ -106,7 +106,11 @@ class FlatStore:
         self.layout = Layout(flat, rows, self.sizes, self.shapes)
         self.sharding = sharding  # imposed on the flat buffers (None: where they land)
         self.columns = tuple(size // rows for size in self.sizes)
-        self.offsets = tuple(int(o) for o in np.cumsum((0, *self.columns))[:-1])
+        # int32 where it fits: a Python int is an int64 index under x64, which Apple
+        # GPUs' programs avoid (docs/backends.md)
+        self.offsets = tuple(
+            np.int32(o) if o < 2**31 else int(o) for o in np.cumsum((0, *self.columns))[:-1]
+        )
         self.values: Array = self.like(values) if flat else jnp.asarray(values[0])
         self.grads: Array | None = None
         self.has_grad = np.zeros(len(self.params), bool)
