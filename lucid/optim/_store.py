@@ -55,7 +55,11 @@ _split = jax.jit(views_of, static_argnums=(1,))
 
 def dense(grad: Any) -> Any:
     """A gradient as a dense array: a compiled SparseAdam sees a BCOO as its nonzeros."""
-    return grad.todense() if hasattr(grad, "todense") else grad
+    if hasattr(grad, "todense"):
+        from ..functional.sparse_adam import bcoo_to_dense  # one program, Metal-safe
+
+        return bcoo_to_dense(grad) if hasattr(grad, "indices") else grad.todense()
+    return grad
 
 
 def placement(array: Array) -> tuple[Any, int, Any]:
