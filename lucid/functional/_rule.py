@@ -141,9 +141,16 @@ def check_complex(rule: Rule, dtype: Any) -> None:
         )
 
 
-def resolve(hyper: Mapping[str, HyperValue], count: Array) -> dict[str, Any]:
-    """Evaluate every schedule in ``hyper`` at ``count`` (updates done so far)."""
-    return {k: (v(count) if callable(v) else v) for k, v in hyper.items()}
+def resolve(hyper: Mapping[str, HyperValue], count: Array, dtype: Any) -> dict[str, Any]:
+    """Evaluate every schedule in ``hyper`` at ``count`` (updates done so far), in
+    ``dtype`` (the compute dtype: a float32 step gets no float64 operation from a
+    schedule, even with x64 enabled)."""
+    from .schedules._ops import computing_in
+
+    if not any(callable(v) for v in hyper.values()):
+        return dict(hyper)
+    with computing_in(dtype):
+        return {k: (jnp.asarray(v(count), dtype) if callable(v) else v) for k, v in hyper.items()}
 
 
 def pack(rule: Rule, hyper: Mapping[str, Any]) -> dict[str, Any]:
@@ -339,8 +346,13 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
         leaves, treedef = jax.tree_util.tree_flatten(params)
         for leaf in leaves:
             check_complex(rule, jnp.result_type(leaf))
-        start = pack(rule, resolve(hyper, jnp.zeros((), jnp.int32)))
-        states = [init_leaf(rule, flags, start, jnp.asarray(p)) for p in leaves]
+        leaves = [jnp.asarray(p) for p in leaves]
+        zero = jnp.zeros((), jnp.int32)
+        start = {
+            dtype: pack(rule, resolve(hyper, zero, dtype))
+            for dtype in {compute_dtype(p.dtype) for p in leaves}
+        }
+        states = [init_leaf(rule, flags, start[compute_dtype(p.dtype)], p) for p in leaves]
         return _transpose_out(states, treedef, rule.state)
 
     def update_fn(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
@@ -350,7 +362,7 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
         leaf_states = _transpose_in(state, treedef, len(leaves))
         updates, new_states = [], []
         for p, g, s in zip(leaves, grad_leaves, leaf_states):
-            values = pack(rule, resolve(hyper, step_count(s)))
+            values = pack(rule, resolve(hyper, step_count(s), compute_dtype(p.dtype)))
             new_p, new_s = apply_leaf(rule, flags, values, p, g, s)
             updates.append(new_p - p)
             new_states.append(new_s)

@@ -70,11 +70,13 @@ def _init(param, hyper, **_) -> RpropState:
 def _update(param, grad, state, h, *, maximize):
     g = -grad if maximize else grad
     sign = jnp.sign(g * state.prev)
+    # array constants, not Python ints: with x64 on those would be int64 constants
+    one, zero = jnp.ones_like(sign), jnp.zeros_like(g)
     factor = jnp.where(
-        sign > 0, h["etaplus"], jnp.where(sign < 0, h["etaminus"], jnp.where(sign == 0, 1, sign))
+        sign > 0, h["etaplus"], jnp.where(sign < 0, h["etaminus"], jnp.where(sign == 0, one, sign))
     )
     step_size = jnp.clip(state.step_size * factor, h["step_size_min"], h["step_size_max"])
-    g = jnp.where(factor == h["etaminus"], 0, g)
+    g = jnp.where(factor == h["etaminus"], zero, g)
     new_param = param - jnp.sign(g) * step_size
     return new_param, RpropState(state.step + 1, g, step_size)
 

@@ -22,11 +22,12 @@ of the parameter, also one whose gradient has no present entry (torch counts
 it before it skips an empty gradient). torch keeps that counter as a Python
 int; here it is a float32 0-d array like every other rule's ``step``.
 
-A BCOO gradient is handled in O(nnz): param, ``exp_avg`` and ``exp_avg_sq`` are
-gathered at the stored indices, updated by the same elementwise rule and
-scattered back; padding and out-of-bounds indices (``sum_duplicates`` under
-``jax.jit`` pads with the shape as index) are dropped. The update handed to
-optax is dense.
+A BCOO gradient is handled in O(nnz log nnz): param, ``exp_avg`` and
+``exp_avg_sq`` are gathered at the stored indices, updated by the same
+elementwise rule and scattered back; padding and out-of-bounds indices
+(``sum_duplicates`` under ``jax.jit`` pads with the shape as index) are
+ignored. No cumulative sum and no out-of-bounds index is involved, so the
+same program runs on Apple GPUs. The update handed to optax is dense.
 """
 
 from __future__ import annotations
@@ -130,28 +131,91 @@ def _update_bcoo(param, grad, state, h, *, maximize):
         dense = grad.data.astype(param.dtype).sum(0)
         return lazy_adam(param, dense, jnp.ones(param.shape, bool), state, h, maximize=maximize)
 
-    grad = sparse.bcoo_sum_duplicates(grad, nse=grad.nse)
-    values = grad.data.astype(param.dtype)
-    indices = grad.indices  # (nse, n_sparse), unique after sum_duplicates
-    bounds = jnp.asarray(param.shape[: grad.n_sparse], indices.dtype)
-    valid = jnp.all((indices >= 0) & (indices < bounds), axis=-1)  # padding is out of bounds
-    gather_at = tuple(jnp.where(valid, indices[:, k], 0) for k in range(grad.n_sparse))
-    scatter_at = tuple(
-        jnp.where(valid, indices[:, k], param.shape[k]) for k in range(grad.n_sparse)
-    )
-    present = valid.reshape(valid.shape + (1,) * grad.n_dense)
+    return _lazy_adam_at_entries(param, grad.indices, grad.data, state, h, maximize=maximize)
 
+
+@jax.jit
+def bcoo_to_dense(grad: Any) -> Array:
+    """A BCOO array as a dense one, duplicates summed and entries outside the shape
+    (padding) ignored, with in-bounds indices only (so it runs on Apple GPUs too)."""
+    from jax.experimental import sparse
+
+    if grad.n_batch:
+        grad = sparse.bcoo_update_layout(grad, n_batch=0)
+    shape, n_sparse = grad.shape, grad.n_sparse
+    if n_sparse == 0:
+        return grad.data.sum(0)
+    indices = grad.indices
+    bounds = jnp.asarray(shape[:n_sparse], indices.dtype)
+    valid = jnp.all((indices >= 0) & (indices < bounds), axis=-1)
+    indices = jnp.where(valid[:, None], indices, jnp.zeros_like(indices))
+    mask = valid.reshape(valid.shape + (1,) * (grad.data.ndim - 1))
+    data = jnp.where(mask, grad.data, jnp.zeros_like(grad.data))
+    at = tuple(indices[:, k] for k in range(n_sparse))
+    return jnp.zeros(shape, grad.dtype).at[at].add(data, mode="promise_in_bounds")
+
+
+def _lexicographic_less(a: tuple[Array, ...], b: tuple[Array, ...]) -> Array:
+    less, equal = jnp.zeros(a[0].shape, bool), jnp.ones(a[0].shape, bool)
+    for x, y in zip(a, b):
+        less = less | (equal & (x < y))
+        equal = equal & (x == y)
+    return less
+
+
+def _lazy_adam_at_entries(param, indices, data, state, h, *, maximize):
+    """The rule at a BCOO gradient's entries, duplicates summed, in O(nnz log nnz).
+
+    Written for every backend, Apple GPUs included (docs/backends.md): no
+    cumulative sum (``bcoo_sum_duplicates`` uses one, which jax lowers for Metal
+    through padding ops jax-metal cannot run), and every gather and scatter in
+    bounds. Entries outside the parameter (the padding ``sum_duplicates`` leaves
+    under ``jax.jit``) are redirected to the first valid entry with a zero value.
+    The entries are sorted by index; each finds the first entry of its run of
+    equal indices by an unrolled binary search, the values are summed there,
+    and every entry of a run computes the same new value from that sum, so the
+    scatter's duplicate writes agree.
+    """
+    nse, n_sparse = indices.shape
+    bounds = jnp.asarray(param.shape[:n_sparse], indices.dtype)
+    valid = jnp.all((indices >= 0) & (indices < bounds), axis=-1)
+    any_valid = jnp.any(valid)
+    # int32 throughout: under x64 jnp's defaults (argmax, Python ints) would be int64
+    first_valid = jax.lax.argmax(valid, 0, jnp.int32)  # 0 when none is: clamped below
+    indices = jnp.where(valid[:, None], indices, indices[first_valid])
+    indices = jnp.clip(indices, jnp.zeros_like(bounds), bounds - 1)
+    values = data.astype(param.dtype)
+    mask = valid.reshape((nse,) + (1,) * (values.ndim - 1))
+    values = jnp.where(mask, values, jnp.zeros_like(values))
+
+    order = jnp.arange(nse, dtype=jnp.int32)
+    *columns, order = jax.lax.sort((*indices.T, order), num_keys=n_sparse)
+    columns = tuple(columns)
+    values = values[order]
+    # first[i]: the first position whose index equals entry i's (a lower bound)
+    first = jnp.zeros(nse, jnp.int32)
+    span = 1 << (nse.bit_length() - 1)
+    while span:
+        candidate = first + span
+        probe = jnp.minimum(candidate, jnp.int32(nse)) - 1
+        ahead = _lexicographic_less(tuple(c[probe] for c in columns), columns)
+        first = jnp.where((candidate <= nse) & ahead, candidate, first)
+        span >>= 1
+    summed = jnp.zeros_like(values).at[first].add(values)[first]
+
+    at = columns
+    present = jnp.broadcast_to(any_valid, summed.shape)
     new_values, new_state = lazy_adam(
-        param[gather_at],
-        values,
+        param[at],
+        summed,
         present,
-        SparseAdamState(state.step, state.exp_avg[gather_at], state.exp_avg_sq[gather_at]),
+        SparseAdamState(state.step, state.exp_avg[at], state.exp_avg_sq[at]),
         h,
         maximize=maximize,
     )
 
     def scatter(dense: Array, new: Array) -> Array:
-        return dense.at[scatter_at].set(new, mode="drop")
+        return dense.at[at].set(new, mode="promise_in_bounds")
 
     return scatter(param, new_values), SparseAdamState(
         step=new_state.step,

@@ -73,7 +73,11 @@ def _padded(length: int, dtype: Any, sharding: Any) -> Any:
 
 def dense(grad: Any) -> Any:
     """A gradient as a dense array: a compiled SparseAdam sees a BCOO as its nonzeros."""
-    return grad.todense() if hasattr(grad, "todense") else grad
+    if hasattr(grad, "todense"):
+        from ..functional.sparse_adam import bcoo_to_dense  # one program, Metal-safe
+
+        return bcoo_to_dense(grad) if hasattr(grad, "indices") else grad.todense()
+    return grad
 
 
 def placement(array: Array) -> tuple[Any, int, Any]:
@@ -139,7 +143,11 @@ class FlatStore:
         shards = _shard_count(self.state_sharding)
         self.state_length = -(-total // shards) * shards
         self.columns = tuple(size // rows for size in self.sizes)
-        self.offsets = tuple(int(o) for o in np.cumsum((0, *self.columns))[:-1])
+        # int32 where it fits: a Python int is an int64 index under x64, which Apple
+        # GPUs' programs avoid (docs/backends.md)
+        self.offsets = tuple(
+            np.int32(o) if o < 2**31 else int(o) for o in np.cumsum((0, *self.columns))[:-1]
+        )
         self.values: Array = self.like(values) if flat else jnp.asarray(values[0])
         self.grads: Array | None = None
         self.has_grad = np.zeros(len(self.params), bool)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._layout import Layout, views_of
 from .._parameter import Parameter
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
 from .optimizer import Optimizer, ParamsT, options_of, to_array
@@ -29,6 +30,7 @@ def _copy_arrays(values: list) -> list:
 
 Array = jax.Array
 
+_split = jax.jit(views_of, static_argnums=(1,))
 _HISTORY = ("old_dirs", "old_stps", "ro", "al")
 _VECTORS = ("d", "prev_flat_grad")
 _SCALARS = ("t", "H_diag", "prev_loss")
@@ -203,11 +205,12 @@ class LBFGS(Optimizer):
         )
 
     def _add_grad(self, step_size: Any, update: Array) -> None:
-        offset = 0
-        for p in self._group_params:
-            piece = update[offset : offset + p.size].reshape(p.shape)
+        # cut in one compiled call: op by op, jax slices with index operands, int64
+        # ones under x64, which Apple GPUs' programs avoid (docs/backends.md)
+        params = self._group_params
+        layout = Layout(True, 1, tuple(p.size for p in params), tuple(p.shape for p in params))
+        for p, piece in zip(params, _split(update, layout)):
             p.data = p.data + step_size * piece
-            offset += p.size
 
     def _directional_evaluate(
         self, closure: Callable, x: list[Array], t: Any, d: Array

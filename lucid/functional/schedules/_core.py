@@ -19,15 +19,18 @@ def from_formula(formula: Formula, name: str) -> Schedule:
 
     ``count`` is the number of scheduler steps taken (a Python int or an
     integer array, traced or not). The result is a 0-d array (or the count's
-    shape) in the default float dtype, float64 when x64 is enabled and
-    float32 otherwise, decided when the schedule is traced. An array of
-    counts gives an array of learning rates.
+    shape) in the compute dtype of the step evaluating it (float32 for a
+    float32 or bfloat16 parameter, so a float32 step holds no float64 value
+    even with x64 enabled); called directly, in the default float dtype,
+    float64 when x64 is enabled and float32 otherwise. The dtype is decided
+    when the schedule is traced. An array of counts gives an array of
+    learning rates.
     """
 
     def schedule(count: Any) -> jax.Array:
         ops = ArrayOps(default_float_dtype())
         count = jnp.asarray(count)
-        lr = jnp.asarray(formula(count, ops)).astype(ops.dtype)
+        lr = jnp.asarray(formula(count, ops), ops.dtype)
         return jnp.broadcast_to(lr, count.shape)
 
     schedule.__name__ = schedule.__qualname__ = name

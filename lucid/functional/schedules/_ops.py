@@ -42,8 +42,10 @@ by its reciprocal, which breaks ``x / x = 1``; anneals restore it.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import contextvars
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -125,9 +127,30 @@ class PythonOps:
 PYTHON = PythonOps()
 
 
+_COMPUTE_DTYPE: contextvars.ContextVar[np.dtype | None] = contextvars.ContextVar(
+    "lucid_schedule_dtype", default=None
+)
+
+
 def default_float_dtype() -> np.dtype:
-    """float64 when x64 is enabled, float32 otherwise (read at trace time)."""
+    """The dtype a schedule computes in (read at trace time): the compute dtype of
+    the step evaluating it (:func:`computing_in`), else float64 when x64 is
+    enabled and float32 otherwise."""
+    dtype = _COMPUTE_DTYPE.get()
+    if dtype is not None:
+        return dtype
     return np.dtype(jax.dtypes.canonicalize_dtype(jnp.float64))
+
+
+@contextlib.contextmanager
+def computing_in(dtype: Any) -> Iterator[None]:
+    """Evaluate schedules in ``dtype``: a float32 step computes its learning rate in
+    float32 even with x64 enabled, so its program holds no float64 value."""
+    token = _COMPUTE_DTYPE.set(np.dtype(dtype))
+    try:
+        yield
+    finally:
+        _COMPUTE_DTYPE.reset(token)
 
 
 def _split_head(value: float, bits: int) -> tuple[float, float]:
@@ -146,8 +169,15 @@ class ArrayOps:
         self.dtype = np.dtype(dtype)
         self._mantissa_bits = np.finfo(self.dtype).nmant + 1
 
+    def _number(self, x: Any) -> Any:
+        """A Python number as an array of this dtype (float) or int32 (int); under x64 a
+        bare Python number would be a float64 or int64 operand of jnp's functions."""
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return x
+        return jnp.asarray(x, self.dtype if isinstance(x, float) else jnp.int32)
+
     def where(self, cond: Any, if_true: Any, if_false: Any) -> jax.Array:
-        return jnp.where(cond, if_true, if_false)
+        return jnp.where(cond, self._number(if_true), self._number(if_false))
 
     def minimum(self, a: Any, b: Any) -> jax.Array:
         return jnp.minimum(a, b)
@@ -156,7 +186,7 @@ class ArrayOps:
         return jnp.maximum(a, b)
 
     def floor_div(self, a: Any, b: Any) -> jax.Array:
-        return jnp.floor_divide(a, b)
+        return jnp.floor_divide(a, self._number(b))
 
     def to_float(self, x: Any) -> jax.Array:
         return jnp.asarray(x).astype(self.dtype)
@@ -171,7 +201,7 @@ class ArrayOps:
         k = jnp.asarray(k)
         base = float(base)
         if base == 0.0:
-            return jnp.where(k == 0, 1.0, 0.0).astype(self.dtype)
+            return (k == 0).astype(self.dtype)
         magnitude = abs(base)
         mantissa, exponent = math.frexp(magnitude)
         if mantissa == 0.5:  # an exact power of two
@@ -191,7 +221,7 @@ class ArrayOps:
         """``(1 + cos(pi * num / den)) / 2``; see the module docstring for float32."""
         if self.dtype == np.float64:
             return (1 + jnp.cos(jnp.pi * self.to_float(num) / den)) / 2
-        distance = den - jnp.mod(num, 2 * den)  # in (-den, den], exact for integers
+        distance = den - jnp.mod(num, self._number(2 * den))  # in (-den, den], exact
         if isinstance(den, (int, float)):
             angle_per_step = math.pi / (2 * den)  # on the host, in double
         else:
@@ -208,10 +238,10 @@ class ArrayOps:
         whole = whole and float(up).is_integer() and float(down).is_integer()
         if whole and jnp.issubdtype(t.dtype, jnp.integer):
             size, up = int(up) + int(down), int(up)
-            done = jnp.mod(t, size)
+            done = jnp.mod(t, self._number(size))
             rising = self.to_float(done) / (up or 1)
             falling = self.to_float(size - done) / ((size - up) or 1)
-            cycle = self.to_float(1 + jnp.floor_divide(t, size))
+            cycle = self.to_float(1 + jnp.floor_divide(t, self._number(size)))
             return cycle, jnp.where(done <= up, rising, falling)
         ratio = self.to_float(t) / total_size
         cycle = jnp.floor(1 + ratio)
@@ -233,7 +263,7 @@ class ArrayOps:
         length = (end_step - start_step) or 1.0  # a zero-length phase is never selected
         done = self._minus(t, start_step)
         if self.dtype == np.float64:
-            pct = jnp.where(done == length, 1.0, done / length)  # x / x = 1 despite XLA
+            pct = jnp.where(done == length, self._number(1.0), done / length)  # x/x = 1
             if strategy == "cos":
                 return end + (start - end) / 2.0 * (jnp.cos(jnp.pi * pct) + 1)
             return (end - start) * pct + start
@@ -252,5 +282,6 @@ class ArrayOps:
     def count_reached(self, sorted_points: Sequence[int], t: Any) -> jax.Array:
         if not sorted_points:
             return jnp.zeros_like(jnp.asarray(t))
-        points = jnp.asarray(list(sorted_points))
-        return jnp.sum(points <= jnp.asarray(t)[..., None], axis=-1)
+        t = jnp.asarray(t)
+        points = jnp.asarray(list(sorted_points), t.dtype)
+        return jnp.sum(points <= t[..., None], axis=-1, dtype=t.dtype)

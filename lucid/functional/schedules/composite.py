@@ -53,7 +53,7 @@ def sequential(schedules: Sequence[Schedule], milestones: Sequence[int]) -> Sche
         index = ops.count_reached(milestones, t) if milestones else jnp.zeros_like(t)
         lr = schedules[0](t)
         for i, (start, child) in enumerate(zip(milestones, schedules[1:], strict=True), start=1):
-            lr = jnp.where(index == i, child(jnp.maximum(t - start, 0)), lr)
+            lr = jnp.where(index == i, child(jnp.maximum(t - start, jnp.zeros_like(t))), lr)
         return lr
 
     schedule.__name__ = schedule.__qualname__ = "sequential"

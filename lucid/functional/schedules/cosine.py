@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from ._core import Schedule, from_formula
-from ._ops import PYTHON, Scalar
+from ._ops import PYTHON, Scalar, default_float_dtype
 
 
 def cosine_annealing_lr_at(
@@ -67,14 +67,14 @@ def restart_position(t: jax.Array, T_0: int, T_mult: int) -> tuple[jax.Array, ja
     way with exact integer comparisons.
     """
     if T_mult == 1:
-        return jnp.mod(t, T_0), jnp.full_like(t, T_0)
-    m = T_mult
+        return jnp.mod(t, jnp.asarray(T_0, t.dtype)), jnp.full_like(t, T_0)
+    m = jnp.asarray(T_mult, t.dtype)  # the count's int dtype (int32 in a step), not int64
 
     def start(n: jax.Array) -> jax.Array:
         return T_0 * (jnp.power(m, n) - 1) // (m - 1)
 
-    ratio = t.astype(jnp.result_type(float)) * (m - 1) / T_0 + 1
-    n = jnp.floor(jnp.log(ratio) / math.log(m)).astype(t.dtype)
+    ratio = t.astype(default_float_dtype()) * (T_mult - 1) / T_0 + 1
+    n = jnp.floor(jnp.log(ratio) / math.log(T_mult)).astype(t.dtype)
     n = jnp.where(t < start(n), n - 1, n)
     n = jnp.where(t >= start(n + 1), n + 1, n)
     return t - start(n), T_0 * jnp.power(m, n)
