@@ -24,9 +24,11 @@ int; here it is a float32 0-d array like every other rule's ``step``.
 
 A BCOO gradient is handled in O(nnz): param, ``exp_avg`` and ``exp_avg_sq`` are
 gathered at the stored indices, updated by the same elementwise rule and
-scattered back; padding and out-of-bounds indices (``sum_duplicates`` under
-``jax.jit`` pads with the shape as index) are dropped. The update handed to
-optax is dense.
+scattered back; padding (out-of-bounds indices holding zero: ``sum_duplicates``
+under ``jax.jit`` pads with the shape as index) is dropped. A *nonzero* value at an
+out-of-bounds index is torch's ``IndexError``, raised before anything changes
+wherever the gradient is concrete (not while tracing). The update handed to optax
+is dense.
 """
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ class FusedStep:
     def __call__(self, tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
         optimizer = self.compiled.optimizer
         for group in optimizer.param_groups:
-            optimizer.rule.validate(group)
+            optimizer.rule.check(group)
         backend = optimizer.backend
         assert isinstance(backend, CompiledBackend)
         return backend.fused(self.loss_fn, tree, args, kwargs)

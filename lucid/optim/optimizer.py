@@ -48,7 +48,7 @@ class Optimizer:
                 "params argument given to the optimizer should be an iterable of "
                 f"Parameters or dicts, but got {type(params).__name__}"
             )
-        self.rule.validate(defaults)
+        self.rule.check(defaults)
         self.defaults = dict(defaults)
         self.param_groups: list[dict[str, Any]] = []
         self._backend: Backend = EagerBackend(self)
@@ -90,6 +90,16 @@ class Optimizer:
                 "ordering of tensors in sets will change between runs. Please use a list instead."
             )
         params = list(params)
+        named = [isinstance(p, tuple) for p in params]
+        if any(named) and not all(named):
+            raise ValueError(
+                "all optimizer params should be with/without names. Some param names are missing"
+            )
+        if any(named) and self.param_groups:
+            raise ValueError(
+                "all optimizer param groups should be with/without names. "
+                "cannot add param group with names to the optimizer"
+            )
         for p in params:
             if not isinstance(p, Parameter):
                 raise TypeError(
@@ -107,7 +117,7 @@ class Optimizer:
         if not taken.isdisjoint(params):
             raise ValueError("some parameters appear in more than one parameter group")
         group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
-        self.rule.validate(group)
+        self.rule.check(group)
         group["params"] = params
         self.param_groups.append(group)
         self._backend.groups_changed()
@@ -133,7 +143,7 @@ class Optimizer:
         """One update of every parameter that has a gradient; returns ``closure()``'s loss."""
         loss = closure() if closure is not None else None
         for group in self.param_groups:  # values edited by hand: checked before anything moves
-            self.rule.validate(group)
+            self.rule.check(group)
         self._backend.step()
         return loss
 
@@ -189,7 +199,7 @@ class Optimizer:
             id_map.update(zip(saved["params"], group["params"]))
             options = {k: _to_python(to_array(v)) for k, v in saved.items() if k != "params"}
             merged = {**self.defaults, **options}
-            self.rule.validate(merged)
+            self.rule.check(merged)
             merged["params"] = group["params"]
             new_groups.append(merged)
         group_of = {p: g for g in new_groups for p in g["params"]}
