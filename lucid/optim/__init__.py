@@ -1,6 +1,7 @@
 """torch.optim's stateful API over lucid.functional's rules."""
 
 from . import lr_scheduler
+from ._state import to_torch
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
@@ -72,4 +73,5 @@ __all__ = [
     "compile_optimizer",
     "fused_step",
     "lr_scheduler",
+    "to_torch",
 ]
