@@ -141,7 +141,8 @@ def to_torch(state_dict: Any) -> Any:
       >>> import jax.numpy as jnp, lucid
       >>> opt = lucid.optim.Adam([lucid.Parameter(jnp.zeros(2))])
       >>> sd = lucid.optim.to_torch(opt.state_dict())
-      >>> type(sd["param_groups"][0]["lr"]).__name__
+      >>> (group,) = sd["param_groups"]
+      >>> type(group["lr"]).__name__
       'float'
     """
     if isinstance(state_dict, jax.Array | np.ndarray):
