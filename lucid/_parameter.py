@@ -18,21 +18,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._arrays import is_sparse, is_torch_tensor, torch_to_numpy
 from ._storage import OwnArrays, Storage
 
 
-def _as_array(value: Any, what: str) -> jax.Array:
+def _as_array(value: Any, what: str, numbers: bool = True) -> jax.Array:
+    """``value`` as a jax array: jax, NumPy and torch arrays (any float dtype they
+    share), and, where ``numbers``, Python numbers."""
     if isinstance(value, jax.Array):
         return value
-    if isinstance(value, np.ndarray | np.generic) or _is_torch_tensor(value):
-        return jnp.asarray(np.asarray(value))
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, np.ndarray | np.generic):
+        return jnp.asarray(value)
+    if is_torch_tensor(value):
+        return jnp.asarray(torch_to_numpy(value))
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
         return jnp.asarray(value)
     raise TypeError(f"{what} must be an array, but got {type(value).__name__}")
 
 
-def _is_torch_tensor(value: Any) -> bool:
-    return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach")
+def _requested_dtype(data: Any) -> Any:
+    """The dtype ``data`` asks for (``None`` for Python numbers and lists)."""
+    if is_torch_tensor(data):
+        return str(data.dtype).removeprefix("torch.")
+    return getattr(data, "dtype", None)
 
 
 class Parameter:
@@ -57,13 +65,15 @@ class Parameter:
     __slots__ = ("__weakref__", "_index", "_storage")
 
     def __init__(self, data: Any) -> None:
-        value = jnp.asarray(data.data if isinstance(data, Parameter) else data)
-        requested = getattr(data, "dtype", None)
-        if (
-            requested is not None
-            and np.dtype(requested) == np.float64
-            and value.dtype != np.float64
-        ):
+        if isinstance(data, Parameter):
+            data = data.data
+        if is_sparse(data):
+            raise ValueError(
+                "a Parameter must be dense, but got a sparse array; use its .todense()"
+            )
+        value = jnp.asarray(torch_to_numpy(data) if is_torch_tensor(data) else data)
+        requested = _requested_dtype(data)
+        if requested is not None and str(requested) == "float64" and value.dtype != np.float64:
             warnings.warn(
                 "a float64 array became a float32 Parameter because jax's x64 mode is off; "
                 "enable it with jax.config.update('jax_enable_x64', True) before creating "
@@ -90,13 +100,13 @@ class Parameter:
 
     @grad.setter
     def grad(self, value: Any) -> None:
-        if value is not None and not _is_sparse(value):
+        if value is not None and not is_sparse(value):
             try:
-                value = _as_array(value, "a gradient")
+                value = _as_array(value, "a gradient", numbers=False)
             except TypeError:
                 raise TypeError(
-                    f"assigned grad has data of a different type: expected an array of shape "
-                    f"{self.shape} and dtype {self.dtype}, got {type(value).__name__}"
+                    f"assigned grad expected to be an array or None: expected an array of "
+                    f"shape {self.shape} and dtype {self.dtype}, got {type(value).__name__}"
                 ) from None
         self._storage.set_grad(self._index, value)
 
@@ -151,9 +161,3 @@ class Parameter:
         grad = "None" if grad is None else f"array{tuple(grad.shape)}"
         body = np.array2string(np.asarray(self.data), prefix="Parameter(", threshold=20)
         return f"Parameter({body}, dtype={self.dtype}, grad={grad})"
-
-
-def _is_sparse(value: Any) -> bool:
-    from .functional._rule import is_sparse
-
-    return is_sparse(value)

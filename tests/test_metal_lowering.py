@@ -136,9 +136,10 @@ def test_bfloat16_update_lowers_clean_with_declared_bf16(case):
 
 
 def _bcoo_grad():
-    # duplicates (summed, as torch's coalesce) and one padding entry out of bounds
+    # duplicates (summed, as torch's coalesce) and one padding entry out of bounds,
+    # holding zero as jax's own padding does (a nonzero one is torch's IndexError)
     indices = jnp.asarray([[0], [3], [0], [5]], jnp.int32)
-    data = jnp.ones((4, 3), jnp.float32)
+    data = jnp.ones((4, 3), jnp.float32).at[3].set(0.0)
     return sparse.BCOO((data, indices), shape=(5, 3))
 
 

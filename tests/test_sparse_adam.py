@@ -111,13 +111,14 @@ def row_bcoo_grads(params: dict, users: jax.Array, items: jax.Array) -> dict:
 
 def _elementwise(rows: jax.Array, row_index: jax.Array, shape: tuple[int, int]) -> sparse.BCOO:
     """One stored element per looked-up value, plus two padding entries whose indices are
-    out of bounds and whose values are not zero: they must be ignored."""
+    out of bounds and whose values are zero, as jax pads: they must be ignored (a nonzero
+    value out of bounds is torch's IndexError: test_bad_input.py)."""
     n, dim = rows.shape
     indices = jnp.stack(
         [jnp.repeat(row_index, dim), jnp.tile(jnp.arange(dim, dtype=row_index.dtype), n)], axis=1
     )
     padding = jnp.asarray([[shape[0], 0], [0, shape[1]]], row_index.dtype)
-    data = jnp.concatenate([rows.reshape(-1), jnp.asarray([123.0, -45.0], rows.dtype)])
+    data = jnp.concatenate([rows.reshape(-1), jnp.zeros(2, rows.dtype)])
     return sparse.BCOO((data, jnp.concatenate([indices, padding])), shape=shape)
 
 

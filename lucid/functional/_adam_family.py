@@ -6,17 +6,42 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
+from .._arrays import is_array
 from . import _validate
 from ._math import lerp
 from ._rule import is_zero
 
 
 def validate_adam_family(o: dict, name: str) -> None:
-    """torch's checks for Adam-like optimizers: lr, eps, betas, weight_decay."""
+    """torch's checks for Adam-like optimizers: lr, eps, betas, weight_decay; for Adam
+    and AdamW also torch's rules for arrays (tensors) as ``lr`` and ``betas``."""
+    tensor_rules = name in ("Adam", "AdamW")
+    # torch refuses tensor hyper-parameters with foreach=True unless capturable=True
+    # (lucid ignores both knobs, but keeps torch's contract)
+    foreach_only = bool(o.get("foreach")) and not o.get("capturable", False)
+    if tensor_rules and foreach_only and is_array(o["lr"]):
+        raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
     _validate.common(o, name)
     _validate.non_negative(o["eps"], "epsilon value")
     _validate.betas(o["betas"])
     _validate.non_negative(o["weight_decay"], "weight_decay value")
+    if tensor_rules:
+        kinds = {_kind(beta) for beta in o["betas"]}
+        if kinds not in ({"float"}, {"array"}):
+            raise ValueError("betas must be either both floats or both Tensors")
+        if kinds == {"array"} and foreach_only:
+            raise ValueError(
+                "betas[0] as a Tensor is not supported for capturable=False and foreach=True"
+            )
+
+
+def _kind(beta: Any) -> str:
+    """torch's kinds of beta: a Python float, a tensor (here: any array), or neither."""
+    if isinstance(beta, float):
+        return "float"
+    return "array" if is_array(beta) and not isinstance(beta, np.generic) else "other"
 
 
 def split_adam_family(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from .._arrays import is_array, is_sparse, is_torch_tensor, torch_to_numpy
+from . import _validate
 
 Array = jax.Array
 Schedule = Callable[[Array], Array]
@@ -68,6 +70,11 @@ class Rule:
       hidden: state fields lucid keeps that torch's state_dict does not show,
         mapped to the value each takes when a state is loaded from a checkpoint
         (SGD's ``step``, which only tells a new momentum buffer from a started one).
+      sparse_update: the update for a ``jax.experimental.sparse`` gradient, for the
+        rules torch gives sparse gradients (SGD, Adagrad, SparseAdam; LBFGS, which
+        torch densifies); ``None``: a sparse gradient is torch's ``RuntimeError``.
+      sparse_options: raises torch's ``RuntimeError`` for options a sparse gradient
+        cannot be combined with (``weight_decay`` for SGD and Adagrad).
     """
 
     name: str
@@ -83,6 +90,22 @@ class Rule:
     start_optional: Callable[..., Any] | None = None
     hidden: Mapping[str, float] = dataclasses.field(default_factory=dict)
     supports_complex: bool = True
+    sparse_options: Callable[[Options], None] | None = None
+
+    def check(self, options: Options, *, schedules: bool = False) -> None:
+        """Every check of a group's options, before anything uses them: torch's value
+        checks (``validate``), then every float hyper-parameter a real scalar.
+
+        ``schedules``: whether a hyper-parameter may be a schedule (the functional
+        transforms: yes; ``lucid.optim``'s groups, read as host numbers: no).
+
+        Raises:
+          ValueError: torch's conditions (``Invalid learning rate: -1.0``,
+            ``Tensor lr must be 1-element``).
+          TypeError: a hyper-parameter that is not a real number or one-element array.
+        """
+        self.validate(options)
+        _validate.hypers(self.split(options)[0], schedules=schedules)
 
 
 def is_number(value: Any) -> bool:
@@ -95,14 +118,73 @@ def is_zero(value: Any) -> bool:
     return is_number(value) and float(value) == 0.0
 
 
-def is_sparse(value: Any) -> bool:
-    """True for a ``jax.experimental.sparse`` array (BCOO, BCSR, ...).
+def check_sparse_grad(rule: Rule, options: Options, grad: Any, shape: tuple[int, ...]) -> None:
+    """torch's errors for a sparse gradient, raised before anything is updated.
 
-    Looks the module up instead of importing it: if it was never imported, no
-    value can be one of its arrays, and dense-only users skip its import cost.
+    Raises:
+      RuntimeError: ``rule`` takes no sparse gradients (torch: ``Adam does not support
+        sparse gradients``), or not with these options (``weight_decay``).
+      IndexError: a stored index outside the parameter holds a nonzero value (torch:
+        ``index 5 is out of bounds for dimension 0 with size 3``); out-of-bounds
+        entries holding zero are jax's padding and are dropped.
     """
-    sparse = sys.modules.get("jax.experimental.sparse")
-    return sparse is not None and isinstance(value, sparse.JAXSparse)
+    if rule.sparse_update is None:
+        hint = ", please consider SparseAdam instead" if rule.name in ("Adam", "AdamW") else ""
+        raise RuntimeError(f"{rule.name} does not support sparse gradients{hint}")
+    if rule.sparse_options is not None:
+        rule.sparse_options(options)
+    check_sparse_indices(grad, shape)
+
+
+def check_sparse_indices(grad: Any, shape: tuple[int, ...]) -> None:
+    """``IndexError`` for a BCOO gradient with a nonzero value stored outside ``shape``
+    (nothing to check for a traced gradient, or another sparse format)."""
+    from jax.experimental import sparse  # a sparse gradient exists: already imported
+
+    if not isinstance(grad, sparse.BCOO) or not grad.n_sparse:
+        return
+    indices, n_sparse = grad.indices, grad.n_sparse
+    try:
+        indices, data = np.asarray(indices), np.asarray(grad.data)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return
+    bounds = np.asarray(shape[grad.n_batch : grad.n_batch + n_sparse])
+    outside = (indices < 0) | (indices >= bounds)
+    if not outside.any():
+        return
+    nonzero = data.reshape(*indices.shape[:-1], -1) != 0
+    bad = outside & nonzero.any(-1)[..., None]
+    if bad.any():
+        where = np.argwhere(bad)[0]
+        dim = int(where[-1])
+        raise IndexError(
+            f"index {int(indices[tuple(where)])} is out of bounds for dimension "
+            f"{grad.n_batch + dim} with size {shape[grad.n_batch + dim]} (a sparse gradient's "
+            "stored index)"
+        )
+
+
+def host_float(value: Any, name: str = "hyper-parameter") -> float:
+    """A hyper-parameter (a number, or a one-element jax, NumPy or torch array) as a
+    host float."""
+    if type(value) is float:
+        return value
+    number = _validate.scalar(value, name, schedules=False)
+    if number is None:
+        raise TypeError(f"{name} is a traced array; lucid.optim needs its value on the host")
+    return float(number)
+
+
+def as_hyper(value: Any) -> Any:
+    """A hyper-parameter as the rule computes with it: numbers and schedules as they
+    are, one-element arrays (torch's included) as 0-d arrays."""
+    if is_number(value):  # NumPy scalars too: 1 - beta stays a double-precision host value
+        return value
+    if is_torch_tensor(value):
+        return jnp.asarray(torch_to_numpy(value)).reshape(())
+    if is_array(value):
+        return jnp.reshape(value, ())
+    return value
 
 
 def compute_dtype(dtype: Any) -> np.dtype:
@@ -277,7 +359,7 @@ def hyper_values(
     hyper, flags = rule.split(options)
     packed = pack(rule, hyper)
     names = tuple(sorted(packed))
-    values = [v if type(v) is float else float(np.asarray(v)) for v in map(packed.get, names)]
+    values = [host_float(packed[name], name) for name in names]
     return names, values, flags
 
 
@@ -339,8 +421,9 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
     ``new_params - params`` as the update (so ``optax.apply_updates`` lands on
     torch's new parameters).
     """
-    rule.validate(options)
+    rule.check(options, schedules=True)
     hyper, flags = rule.split(options)
+    hyper = {name: as_hyper(value) for name, value in hyper.items()}
 
     def init_fn(params: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -356,9 +439,15 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
         return _transpose_out(states, treedef, rule.state)
 
     def update_fn(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        sparse = jax.tree_util.tree_leaves(grads, is_leaf=is_sparse)
+        if rule.sparse_update is None and any(map(is_sparse, sparse)):
+            check_sparse_grad(rule, options, None, ())
         check_same_structure(grads, params, rule.name, sparse_leaves=rule.sparse_update is not None)
         leaves, treedef = jax.tree_util.tree_flatten(params)
         grad_leaves = treedef.flatten_up_to(grads)
+        for g, p in zip(grad_leaves, leaves):
+            if is_sparse(g):
+                check_sparse_grad(rule, options, g, jnp.shape(p))
         leaf_states = _transpose_in(state, treedef, len(leaves))
         updates, new_states = [], []
         for p, g, s in zip(leaves, grad_leaves, leaf_states):

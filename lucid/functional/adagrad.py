@@ -12,7 +12,8 @@ p &\\leftarrow p - \\tilde\\gamma\\, g / (\\sqrt{s_t} + \\epsilon)
 $$
 
 ``eps`` (default 1e-10) is added outside the square root, as in torch.
-Dense gradients only (torch's sparse-gradient path has no counterpart here).
+A ``jax.experimental.sparse.BCOO`` gradient follows torch's sparse path: only its
+stored entries change (``weight_decay`` is refused, as torch refuses it).
 """
 
 from __future__ import annotations
@@ -74,6 +75,26 @@ def _update(param, grad, state, h, *, use_weight_decay, maximize):
     return new_param, AdagradState(step, state_sum)
 
 
+def _update_sparse(param, grad, state, h, **flags):
+    """torch's sparse Adagrad: ``sum`` and the parameter change at the gradient's
+    stored indices only (where the dense rule would give the same numbers, except
+    ``0/0`` at untouched entries when ``eps`` and the accumulator are zero)."""
+    from jax.experimental import sparse
+
+    dense = grad.todense().astype(param.dtype)
+    marks = sparse.BCOO((jnp.ones(grad.data.shape, jnp.int32), grad.indices), shape=grad.shape)
+    present = marks.todense() > 0
+    new_param, new_state = _update(param, dense, state, h, **flags)
+    return jnp.where(present, new_param, param), new_state._replace(
+        sum=jnp.where(present, new_state.sum, state.sum)
+    )
+
+
+def _sparse_options(o: dict) -> None:
+    if _validate.scalar(o["weight_decay"], "weight_decay") not in (0, None):
+        raise RuntimeError("weight_decay option is not compatible with sparse gradients")
+
+
 ADAGRAD = Rule(
     name="Adagrad",
     state=AdagradState,
@@ -81,6 +102,8 @@ ADAGRAD = Rule(
     split=_split,
     init=_init,
     update=_update,
+    sparse_update=_update_sparse,
+    sparse_options=_sparse_options,
 )
 
 

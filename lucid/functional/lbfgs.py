@@ -87,6 +87,11 @@ def _update(param, grad, state, h):
     return new_param, LBFGSState(step=state.step + 1, prev_param=param, prev_grad=grad)
 
 
+def _update_sparse(param, grad, state, h):
+    """torch's LBFGS reads a sparse gradient densified; so does this step."""
+    return _update(param, grad.todense().astype(param.dtype), state, h)
+
+
 LBFGS = Rule(
     name="LBFGS",
     state=LBFGSState,
@@ -94,6 +99,7 @@ LBFGS = Rule(
     split=_split,
     init=_init,
     update=_update,
+    sparse_update=_update_sparse,
 )
 
 

@@ -89,6 +89,21 @@ def _update(param, grad, state, h, *, use_momentum, use_weight_decay, nesterov, 
     return new_param, SGDState(step=state.step + 1, momentum_buffer=buf)
 
 
+def _update_sparse(param, grad, state, h, **flags):
+    """A sparse gradient: torch's sparse path gives the dense path's numbers (absent
+    entries add zero; the momentum buffer, sparse in torch, holds the same values)."""
+    return _update(param, grad.todense().astype(param.dtype), state, h, **flags)
+
+
+def _sparse_options(o: dict) -> None:
+    """torch's sparse SGD cannot add ``weight_decay * param`` to a sparse gradient."""
+    if _validate.scalar(o["weight_decay"], "weight_decay") not in (0, None):
+        raise RuntimeError(
+            "SGD with weight_decay does not support sparse gradients (torch: add(sparse, "
+            "dense) is not supported)"
+        )
+
+
 SGD = Rule(
     name="SGD",
     state=SGDState,
@@ -100,6 +115,8 @@ SGD = Rule(
     optional={"momentum_buffer": "use_momentum"},
     start_optional=_start_momentum,
     hidden={"step": 1.0},
+    sparse_update=_update_sparse,
+    sparse_options=_sparse_options,
 )
 
 

@@ -24,10 +24,12 @@ int; here it is a float32 0-d array like every other rule's ``step``.
 
 A BCOO gradient is handled in O(nnz log nnz): param, ``exp_avg`` and
 ``exp_avg_sq`` are gathered at the stored indices, updated by the same
-elementwise rule and scattered back; padding and out-of-bounds indices
-(``sum_duplicates`` under ``jax.jit`` pads with the shape as index) are
-ignored. No cumulative sum and no out-of-bounds index is involved, so the
-same program runs on Apple GPUs. The update handed to optax is dense.
+elementwise rule and scattered back; padding (out-of-bounds indices holding
+zero: ``sum_duplicates`` under ``jax.jit`` pads with the shape as index) is
+dropped. A *nonzero* value at an out-of-bounds index is torch's ``IndexError``,
+raised before anything changes wherever the gradient is concrete (not while
+tracing). No cumulative sum is involved, so the same program runs on Apple
+GPUs. The update handed to optax is dense.
 """
 
 from __future__ import annotations

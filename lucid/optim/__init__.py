@@ -1,6 +1,7 @@
 """torch.optim's stateful API over lucid.functional's rules."""
 
 from . import lr_scheduler, swa_utils
+from ._state import to_torch
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
@@ -73,4 +74,5 @@ __all__ = [
     "fused_step",
     "lr_scheduler",
     "swa_utils",
+    "to_torch",
 ]

@@ -24,7 +24,14 @@ import numpy as np
 from .._parameter import Parameter
 from .._storage import check_grad
 from .._trace import device_domain
-from ..functional._rule import Rule, apply_leaf, compute_dtype, hyper_values
+from ..functional._rule import (
+    Rule,
+    apply_leaf,
+    check_sparse_grad,
+    compute_dtype,
+    hyper_values,
+    is_sparse,
+)
 from ._state import begin
 
 
@@ -102,7 +109,10 @@ class EagerBackend:
             if not params:
                 continue
             for p in params:
-                check_grad(p.grad, p.shape, p.dtype)
+                grad = p.grad
+                check_grad(grad, p.shape, p.dtype)
+                if is_sparse(grad):
+                    check_sparse_grad(rule, group, grad, p.shape)
             names, values, flags = hyper_values(rule, group)
             start = (
                 start_hyper(self.optimizer, group)

@@ -41,7 +41,7 @@ from .._layout import join_views, views_of
 from .._parameter import Parameter
 from .._storage import OwnArrays, check_grad
 from .._trace import device_domain, partition, rebuild_from_views
-from ..functional._rule import Rule, apply_leaf, hyper_values
+from ..functional._rule import Rule, apply_leaf, check_sparse_grad, hyper_values, is_sparse
 from ._backend import OptimizerView, start_hyper
 from ._state import begin
 from ._store import Borrowed, FlatStore, dense, placement
@@ -145,6 +145,12 @@ class CompiledBackend:
             if isinstance(bucket.store, Borrowed):
                 p = bucket.store.params[0]
                 check_grad(p.grad, p.shape, p.dtype)
+                sparse = {0: p.grad} if is_sparse(p.grad) else {}
+            else:
+                sparse = bucket.store.sparse
+            group = self.optimizer.param_groups[bucket.group]
+            for index, grad in sparse.items():
+                check_sparse_grad(self.rule, group, grad, bucket.store.params[index].shape)
         states = self._begin(active)
         # [Step 3] one executable per device domain
         for domain, members in _by_domain(active):
@@ -254,7 +260,7 @@ class CompiledBackend:
             for p, grad in zip(params, grads):
                 p.grad = grad
             for group in self.optimizer.param_groups:
-                self.rule.validate(group)
+                self.rule.check(group)
             self.step()
         finally:
             for p, grad in zip(params, saved):
@@ -318,6 +324,7 @@ class CompiledBackend:
                         [jnp.asarray(dense(g), store.value_dtype) for g in grads]
                     )
                     store.has_grad[:] = True
+                    store.sparse = {i: g for i, g in enumerate(grads) if is_sparse(g)}
             state = None
             if first.state is not None:
                 state = type(first.state)(
@@ -364,7 +371,8 @@ class CompiledBackend:
             values = store.views(store.values)
             grads = store.views(store.grads) if store.grads is not None else [None] * len(values)
             for i, p in enumerate(store.params):
-                p.relocate(OwnArrays(values[i], grads[i] if store.has_grad[i] else None))
+                grad = store.sparse.get(i, grads[i]) if store.has_grad[i] else None
+                p.relocate(OwnArrays(values[i], grad))
         self._buckets = []
 
     def _rebuild(self, states: Mapping[Parameter, Any] | None = None) -> None:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._arrays import is_torch_tensor, numpy_to_torch, torch_to_numpy
 from ..functional._rule import Rule, compute_dtype, init_leaf, resume_leaf
 
 Array = jax.Array
@@ -93,7 +94,9 @@ def load_entry(
         values[name] = jnp.asarray(default, np.float32)
     for name, value in saved.items():
         array = _host_or_global(to_array(value))
-        if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        if not (
+            jnp.issubdtype(array.dtype, jnp.inexact) or jnp.issubdtype(array.dtype, jnp.integer)
+        ):
             raise ValueError(f"state {name!r} of parameter {key!r} has dtype {array.dtype}")
         if name in rule.scalar_state:
             if array.shape != ():
@@ -126,13 +129,40 @@ def _zero_hyper(rule: Rule, options: Mapping[str, Any]) -> dict[str, float]:
 
 
 def to_array(value: Any) -> Any:
-    """A checkpoint leaf as something jax/numpy can read (torch tensors through numpy).
+    """A checkpoint leaf as something jax/numpy can read (torch tensors through numpy,
+    bfloat16 and float8 included).
 
     The copy matters: on the CPU a jax array made from a NumPy view can share
     its memory, and torch may keep updating that tensor in place."""
-    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
-        return value.detach().cpu().numpy().copy()
+    if is_torch_tensor(value):
+        return torch_to_numpy(value)
     return value
+
+
+def to_torch(state_dict: Any) -> Any:
+    """A state_dict (lucid's, or anything nested of dicts, lists and tuples) with every
+    jax or NumPy array as a CPU torch tensor of the same dtype (bfloat16 and float8
+    included) and NumPy scalars as Python numbers: what ``torch.save`` writes and
+    ``torch.load(..., weights_only=True)`` reads back, and what a torch optimizer's
+    ``load_state_dict`` takes. Needs torch installed.
+
+    Example:
+      >>> import jax.numpy as jnp, lucid
+      >>> opt = lucid.optim.Adam([lucid.Parameter(jnp.zeros(2))])
+      >>> sd = lucid.optim.to_torch(opt.state_dict())
+      >>> (group,) = sd["param_groups"]
+      >>> type(group["lr"]).__name__
+      'float'
+    """
+    if isinstance(state_dict, jax.Array | np.ndarray):
+        return numpy_to_torch(state_dict)
+    if isinstance(state_dict, np.generic):
+        return state_dict.item()
+    if isinstance(state_dict, Mapping):
+        return {k: to_torch(v) for k, v in state_dict.items()}
+    if isinstance(state_dict, list | tuple):
+        return type(state_dict)(to_torch(v) for v in state_dict)
+    return state_dict
 
 
 def copy_arrays(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -44,7 +44,8 @@ Array = jax.Array
 def _read(buffer: Array, offset: Array, columns: int, rows: int, shape: tuple[int, ...]) -> Array:
     if rows == 1:
         return jax.lax.dynamic_slice(buffer, (offset,), (columns,)).reshape(shape)
-    return jax.lax.dynamic_slice(buffer, (0, offset), (rows, columns)).reshape(shape)
+    zero = jnp.zeros_like(offset)  # index operands share a dtype (int32 with x64 too)
+    return jax.lax.dynamic_slice(buffer, (zero, offset), (rows, columns)).reshape(shape)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
@@ -52,7 +53,7 @@ def _write(buffer: Array, value: Array, offset: Array) -> Array:
     if buffer.ndim == 1:
         piece, start = value.reshape(-1), (offset,)
     else:
-        piece, start = value.reshape(buffer.shape[0], -1), (0, offset)
+        piece, start = value.reshape(buffer.shape[0], -1), (jnp.zeros_like(offset), offset)
     return jax.lax.dynamic_update_slice(buffer, piece.astype(buffer.dtype), start)
 
 
@@ -151,6 +152,9 @@ class FlatStore:
         self.values: Array = self.like(values) if flat else jnp.asarray(values[0])
         self.grads: Array | None = None
         self.has_grad = np.zeros(len(self.params), bool)
+        # gradients assigned sparse, by index: the step checks them as torch does,
+        # and .grad shows them as assigned (the buffer holds them densified)
+        self.sparse: dict[int, Any] = {}
         self._value_cache: dict[int, Array] = {}
         self._grad_cache: dict[int, Array] = {}
         # called with (store, index, value) when a value of a new shape or dtype arrives
@@ -271,6 +275,8 @@ class FlatStore:
     def read_grad(self, index: int) -> Array | None:
         if not self.has_grad[index]:
             return None
+        if index in self.sparse:
+            return self.sparse[index]
         if not self.flat:
             return self.grads
         if index not in self._grad_cache:
@@ -279,6 +285,7 @@ class FlatStore:
 
     def write_grad(self, index: int, grad: Array | None) -> None:
         self._grad_cache.clear()
+        self.sparse.pop(index, None)
         if grad is None:
             self.has_grad[index] = False
             if not self.has_grad.any():
@@ -287,8 +294,11 @@ class FlatStore:
                 zeros = jnp.zeros(self.shapes[index], self.value_dtype)
                 self.grads = _write(self.grads, zeros, self.offsets[index])
             return
+        sparse = grad if hasattr(grad, "todense") else None
         grad = jnp.asarray(dense(grad))
         check_grad(grad, self.shapes[index], self.value_dtype)
+        if sparse is not None:
+            self.sparse[index] = sparse
         if not self.flat:
             self.grads = grad
         else:
@@ -302,9 +312,12 @@ class FlatStore:
         self.grads = grads if self.grads is None else self.grads + grads
         self.has_grad |= present
         self._grad_cache.clear()
+        for index in np.flatnonzero(present) if self.sparse else ():
+            self.sparse.pop(int(index), None)
 
     def _clear_all(self, set_to_none: bool) -> None:
         self._grad_cache.clear()
+        self.sparse.clear()
         if set_to_none:
             self.grads = None
             self.has_grad[:] = False

@@ -33,7 +33,7 @@ class Adam(Optimizer):
         decoupled_weight_decay: bool = False,
     ) -> None:
         options = options_of(locals())
-        options["betas"] = tuple(betas)
+        options["betas"] = tuple(betas) if isinstance(betas, list | tuple) else betas
         super().__init__(params, options)
 
 
@@ -58,5 +58,5 @@ class AdamW(Optimizer):
         fused: bool | None = None,
     ) -> None:
         options = options_of(locals())
-        options["betas"] = tuple(betas)
+        options["betas"] = tuple(betas) if isinstance(betas, list | tuple) else betas
         super().__init__(params, {**options, "decoupled_weight_decay": True})

@@ -265,7 +265,7 @@ class FusedStep:
     def __call__(self, tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
         optimizer = self.compiled.optimizer
         for group in optimizer.param_groups:
-            optimizer.rule.validate(group)
+            optimizer.rule.check(group)
         loss, self.transform_state = self._backend().fused(
             self.loss_fn, tree, args, kwargs, self.grad_transform, self.transform_state
         )

@@ -20,7 +20,9 @@ import numpy as np
 
 from .._layout import Layout, views_of
 from .._parameter import Parameter
+from ..functional._rule import host_float
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
+from ._store import dense
 from .optimizer import Optimizer, ParamsT, options_of, to_array
 
 
@@ -199,7 +201,7 @@ class LBFGS(Optimizer):
     def _gather_flat_grad(self) -> Array:
         return jnp.concatenate(
             [
-                jnp.zeros(p.size, p.dtype) if p.grad is None else jnp.ravel(p.grad)
+                jnp.zeros(p.size, p.dtype) if p.grad is None else jnp.ravel(dense(p.grad))
                 for p in self._group_params
             ]
         )
@@ -228,7 +230,8 @@ class LBFGS(Optimizer):
         if closure is None:
             raise ValueError("LBFGS.step needs a closure that re-evaluates the loss")
         group = self.param_groups[0]
-        lr = group["lr"]
+        self.rule.check(group)  # values edited by hand: checked before anything moves
+        lr = host_float(group["lr"], "lr")
         max_iter, max_eval = group["max_iter"], group["max_eval"]
         tolerance_grad, tolerance_change = group["tolerance_grad"], group["tolerance_change"]
         line_search_fn, history_size = group["line_search_fn"], group["history_size"]

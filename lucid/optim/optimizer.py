@@ -201,7 +201,7 @@ class Optimizer:
 
     def _validate(self, options: Mapping[str, Any]) -> None:
         if self.rule is not None:
-            self.rule.validate(options)
+            self.rule.check(options)
 
     def _params(self) -> list[Parameter]:
         return [p for group in self.param_groups for p in group["params"]]
@@ -224,7 +224,7 @@ class Optimizer:
             raise NotImplementedError(f"{type(self).__name__} must implement step()")
         loss = closure() if closure is not None else None
         for group in self.param_groups:  # values edited by hand: checked before anything moves
-            self.rule.validate(group)
+            self.rule.check(group)
         self._backend.step()
         return loss
 

@@ -27,7 +27,7 @@ class SparseAdam(Optimizer):
         maximize: bool = False,
     ) -> None:
         options = options_of(locals())
-        options["betas"] = tuple(betas)
+        options["betas"] = tuple(betas) if isinstance(betas, list | tuple) else betas
         super().__init__(params, options)
 
     def export_state(self, state: Any) -> dict[str, Any]:
