@@ -66,6 +66,16 @@ class Rule:
       hidden: state fields lucid keeps that torch's state_dict does not show,
         mapped to the value each takes when a state is loaded from a checkpoint
         (SGD's ``step``, which only tells a new momentum buffer from a started one).
+      elementwise: the update is elementwise math, so it may run on several
+        parameters laid end to end in one flat buffer (the compiled step does
+        this). ``False`` for rules that reduce over a parameter or treat it as a
+        matrix (Adafactor's row and column statistics, Muon's Newton-Schulz
+        iteration): each parameter is then updated as itself, and its state
+        fields may have shapes of their own.
+      storage_dtype: ``update`` also receives ``storage_dtype=`` (the dtype the
+        parameter is stored in, before the upcast to the compute dtype), for a
+        rule whose math depends on it (Adafactor's default ``eps1`` is that
+        dtype's machine epsilon).
     """
 
     name: str
@@ -80,6 +90,8 @@ class Rule:
     optional: Mapping[str, str] = dataclasses.field(default_factory=dict)
     start_optional: Callable[..., Any] | None = None
     hidden: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    elementwise: bool = True
+    storage_dtype: bool = False
 
 
 def is_number(value: Any) -> bool:
@@ -165,13 +177,15 @@ def apply_leaf(
         update, grad_c = rule.sparse_update, grad
     else:
         update, grad_c = rule.update, grad.astype(cdtype)
+    if rule.storage_dtype:
+        flags = {**flags, "storage_dtype": np.dtype(param.dtype)}
     new_param, new_state = update(param.astype(cdtype), grad_c, state_c, hyper_c, **flags)
     return new_param.astype(param.dtype), _restore_dtypes(new_state, state, param.dtype)
 
 
 def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array) -> Any:
-    """The state ``rule`` starts from for one parameter (or for a flat buffer of
-    parameters: every rule's ``init`` is elementwise).
+    """The state ``rule`` starts from for one parameter (or, for an elementwise
+    rule, for a flat buffer of parameters).
 
     Every field gets its own buffer (a rule may build two moments from one
     zeros array), so the state can be donated to a jitted step.
@@ -233,11 +247,15 @@ def _transpose_in(state: Any, treedef: Any, n: int) -> list[Any]:
 
 
 def _transpose_out(leaves: list[Any], treedef: Any, state_type: type) -> Any:
-    """One NamedTuple per leaf -> a transform state (NamedTuple of pytrees)."""
+    """One NamedTuple per leaf -> a transform state (NamedTuple of pytrees).
+
+    A field no leaf has is ``None``; a field only some leaves have (Adafactor's
+    ``row_var`` for matrices, ``variance`` for vectors) holds ``None`` at the others."""
     fields = []
     for name in state_type._fields:
         values = [getattr(leaf, name) for leaf in leaves]
-        fields.append(None if values and values[0] is None else treedef.unflatten(values))
+        absent = bool(values) and all(value is None for value in values)
+        fields.append(None if absent else treedef.unflatten(values))
     return state_type(*fields)
 
 
