@@ -8,11 +8,13 @@ step-indexed functions.
 from . import schedules
 from ._rule import Rule
 from .adadelta import AdadeltaState, adadelta
+from .adafactor import AdafactorState, adafactor
 from .adagrad import AdagradState, adagrad
 from .adam import AdamState, adam, adamw
 from .adamax import AdamaxState, adamax
 from .asgd import ASGDState, asgd
 from .lbfgs import LBFGSState, lbfgs
+from .muon import MuonState, muon
 from .nadam import NAdamState, nadam
 from .radam import RAdamState, radam
 from .rmsprop import RMSpropState, rmsprop
@@ -23,10 +25,12 @@ from .sparse_adam import SparseAdamState, sparse_adam
 __all__ = [
     "ASGDState",
     "AdadeltaState",
+    "AdafactorState",
     "AdagradState",
     "AdamState",
     "AdamaxState",
     "LBFGSState",
+    "MuonState",
     "NAdamState",
     "RAdamState",
     "RMSpropState",
@@ -35,12 +39,14 @@ __all__ = [
     "SGDState",
     "SparseAdamState",
     "adadelta",
+    "adafactor",
     "adagrad",
     "adam",
     "adamax",
     "adamw",
     "asgd",
     "lbfgs",
+    "muon",
     "nadam",
     "radam",
     "rmsprop",

@@ -2,6 +2,7 @@
 
 from . import lr_scheduler
 from .adadelta import Adadelta
+from .adafactor import Adafactor
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .adamax import Adamax
@@ -27,6 +28,7 @@ from .lr_scheduler import (
     SequentialLR,
     StepLR,
 )
+from .muon import Muon
 from .nadam import NAdam
 from .optimizer import Optimizer
 from .radam import RAdam
@@ -40,6 +42,7 @@ __all__ = [
     "LBFGS",
     "SGD",
     "Adadelta",
+    "Adafactor",
     "Adagrad",
     "Adam",
     "AdamW",
@@ -57,6 +60,7 @@ __all__ = [
     "LinearLR",
     "MultiStepLR",
     "MultiplicativeLR",
+    "Muon",
     "NAdam",
     "NoamScheduler",
     "OneCycleLR",

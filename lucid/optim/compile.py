@@ -120,10 +120,12 @@ def _supported() -> tuple[type, ...]:
         LBFGS,
         SGD,
         Adadelta,
+        Adafactor,
         Adagrad,
         Adam,
         Adamax,
         AdamW,
+        Muon,
         NAdam,
         RAdam,
         RMSprop,
@@ -145,6 +147,8 @@ def _supported() -> tuple[type, ...]:
         Rprop,
         SparseAdam,
         LBFGS,
+        Adafactor,
+        Muon,
     )
 
 
