@@ -136,7 +136,7 @@ def _update(param, grad, state, h, *, maximize, use_weight_decay, eps1_from_dtyp
     step = state.step + 1
     t = step.astype(param.dtype)
     lr = h["lr"]
-    eps1 = jnp.asarray(np.finfo(storage_dtype).eps, param.dtype) if eps1_from_dtype else h["eps1"]
+    eps1 = jnp.asarray(jnp.finfo(storage_dtype).eps, param.dtype) if eps1_from_dtype else h["eps1"]
     weight = t ** h["beta2_decay"]  # 1 - beta2_t, torch's lerp weight
     rho = jnp.minimum(lr, 1 / jnp.sqrt(t))
     alpha = jnp.maximum(h["eps2"], _rms(param)) * rho  # RMS before the weight decay
