@@ -207,7 +207,7 @@ def adafactor(
       >>> state = tx.init(params)
       >>> grads = {"w": jnp.full((2, 3), 0.5), "b": jnp.full(3, 0.5)}
       >>> updates, state = tx.update(grads, state, params)
-      >>> optax.apply_updates(params, updates)["b"].round(4).tolist()
-      [0.9900000095367432, 0.9900000095367432, 0.9900000095367432]
+      >>> [round(x, 4) for x in optax.apply_updates(params, updates)["b"].tolist()]
+      [0.99, 0.99, 0.99]
     """
     return transform(ADAFACTOR, {**locals(), "eps": tuple(eps)})

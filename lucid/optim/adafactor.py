@@ -21,7 +21,8 @@ class Adafactor(Optimizer):
       >>> opt = lucid.optim.Adafactor([w], lr=1e-2)
       >>> w.grad = jnp.full((2, 3), 0.5)
       >>> opt.step()
-      >>> sorted(opt.state[w]), opt.state[w]["row_var"].shape
+      >>> state = opt.state.get(w)
+      >>> sorted(state), state["row_var"].shape
       (['col_var', 'row_var', 'step'], (2, 1))
     """
 
