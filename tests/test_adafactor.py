@@ -133,7 +133,8 @@ def test_every_rank_matches_torch(compile_at):
 def test_checkpoints_move_both_ways(compiled):
     options = {"lr": 0.05, "beta2_decay": -0.6}
     tparams, topt = _torch_run(options, 5)
-    params = {k: lucid.Parameter(jnp.asarray(v.detach().numpy())) for k, v in tparams.items()}
+    # a copy: on the CPU, jax may share a NumPy view's memory, which torch keeps updating
+    params = {k: lucid.Parameter(jnp.array(v.detach().numpy())) for k, v in tparams.items()}
     opt = lucid.optim.Adafactor(list(params.values()), **options)
     if compiled:
         lucid.compile_optimizer(opt)

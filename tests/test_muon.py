@@ -389,7 +389,8 @@ def test_checkpoints_move_both_ways(compiled, float64_ns):
 
     for _ in range(4):
         torch_step(topt, tparams)
-    params = {k: lucid.Parameter(jnp.asarray(v.detach().numpy())) for k, v in tparams.items()}
+    # a copy: on the CPU, jax may share a NumPy view's memory, which torch keeps updating
+    params = {k: lucid.Parameter(jnp.array(v.detach().numpy())) for k, v in tparams.items()}
     opt = lucid.optim.Muon(list(params.values()), **options)
     if compiled:
         lucid.compile_optimizer(opt)
