@@ -57,6 +57,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("Rprop", {"lr": 0.01}),
     ("Rprop", {"lr": 0.01, "etas": (0.3, 1.5), "step_sizes": (1e-4, 0.05)}),
     ("Rprop", {"lr": 0.01, "maximize": True}),
+    # Adafactor: w (5, 3) is factored (row_var, col_var), b (3,) keeps a full variance
+    ("Adafactor", {}),
+    ("Adafactor", {"lr": 0.05, "weight_decay": 0.1}),
+    ("Adafactor", {"lr": 0.05, "beta2_decay": -0.5, "eps": (1e-30, 1e-2), "d": 2.0}),
+    ("Adafactor", {"lr": 0.05, "eps": (1e-2, 1e-3), "weight_decay": 0.05, "maximize": True}),
 ]
 
 
@@ -89,4 +94,6 @@ def snake(name: str) -> str:
         "Rprop": "rprop",
         "SparseAdam": "sparse_adam",
         "LBFGS": "lbfgs",
+        "Adafactor": "adafactor",
+        "Muon": "muon",
     }[name]

@@ -17,7 +17,8 @@ import lucid
 import lucid.functional as LF
 
 STEPS = 6
-COMPLEX_CASES = [case for case in CASES if case[0] != "SparseAdam"][::2]
+# every case whose optimizer torch runs on complex numbers (not SparseAdam, Adafactor)
+COMPLEX_CASES = [case for case in CASES if getattr(lucid.optim, case[0]).rule.supports_complex][::2]
 
 
 def _gradients():
@@ -76,12 +77,42 @@ def test_complex_parameters_follow_torch_in_the_transforms(case):
     np.testing.assert_allclose(np.asarray(params), expected, rtol=1e-10, atol=1e-13)
 
 
-def test_complex_parameters_are_refused_where_torch_or_lucid_does_not_run_them():
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+@pytest.mark.parametrize("name", ["Adafactor", "Muon"])
+def test_complex_parameters_are_refused_at_the_step_where_torch_refuses_them(name, mode):
+    z = jnp.ones((2, 2), jnp.complex128)
+    tz = torch.ones(2, 2, dtype=torch.complex128, requires_grad=True)
+    tz.grad = torch.ones(2, 2, dtype=torch.complex128)
+    topt = getattr(torch.optim, name)([tz])
+    with pytest.raises(RuntimeError, match="does not support complex") as theirs:
+        topt.step()
+    p = lucid.Parameter(z)
+    opt = getattr(lucid.optim, name)([p])
+    if mode == "compiled":
+        lucid.compile_optimizer(opt)
+    p.grad = jnp.ones((2, 2), jnp.complex128)
+    with pytest.raises(RuntimeError) as ours:
+        opt.step()
+    assert str(ours.value) == str(theirs.value)
+    np.testing.assert_array_equal(np.asarray(p.data), np.ones((2, 2)))
+    assert opt.state_dict()["state"] == {}
+    with pytest.raises(RuntimeError, match="does not support complex"):
+        getattr(LF, name.lower())().init(z)
+
+
+def test_sparse_adam_refuses_complex_parameters_at_construction_as_torch():
+    tz = torch.ones(3, dtype=torch.complex128, requires_grad=True)
+    with pytest.raises(ValueError) as theirs:
+        torch.optim.SparseAdam([tz])
+    with pytest.raises(ValueError) as ours:
+        lucid.optim.SparseAdam([lucid.Parameter(jnp.ones(3, jnp.complex128))])
+    assert str(ours.value) == str(theirs.value)
+    with pytest.raises(RuntimeError, match="SparseAdam does not support complex"):
+        LF.sparse_adam().init(jnp.ones(3, jnp.complex128))
+
+
+def test_integer_parameters_and_a_complex_lbfgs_are_refused():
     z = jnp.ones(3, jnp.complex128)
-    with pytest.raises(ValueError, match="SparseAdam does not support complex"):
-        lucid.optim.SparseAdam([lucid.Parameter(z)])
-    with pytest.raises(ValueError, match="SparseAdam does not support complex"):
-        LF.sparse_adam().init(z)
     with pytest.raises(ValueError, match="LBFGS does not support complex"):
         lucid.optim.LBFGS([lucid.Parameter(z)])
     with pytest.raises(ValueError, match="floating-point"):

@@ -8,12 +8,14 @@ step-indexed functions.
 from . import averaging, schedules
 from ._rule import Rule
 from .adadelta import AdadeltaState, adadelta
+from .adafactor import AdafactorState, adafactor
 from .adagrad import AdagradState, adagrad
 from .adam import AdamState, adam, adamw
 from .adamax import AdamaxState, adamax
 from .asgd import ASGDState, asgd
 from .clipping import clip_grad_norm
 from .lbfgs import LBFGSState, lbfgs
+from .muon import MuonState, muon
 from .nadam import NAdamState, nadam
 from .radam import RAdamState, radam
 from .rmsprop import RMSpropState, rmsprop
@@ -24,10 +26,12 @@ from .sparse_adam import SparseAdamState, sparse_adam
 __all__ = [
     "ASGDState",
     "AdadeltaState",
+    "AdafactorState",
     "AdagradState",
     "AdamState",
     "AdamaxState",
     "LBFGSState",
+    "MuonState",
     "NAdamState",
     "RAdamState",
     "RMSpropState",
@@ -36,6 +40,7 @@ __all__ = [
     "SGDState",
     "SparseAdamState",
     "adadelta",
+    "adafactor",
     "adagrad",
     "adam",
     "adamax",
@@ -44,6 +49,7 @@ __all__ = [
     "averaging",
     "clip_grad_norm",
     "lbfgs",
+    "muon",
     "nadam",
     "radam",
     "rmsprop",

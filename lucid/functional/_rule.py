@@ -75,6 +75,18 @@ class Rule:
         torch densifies); ``None``: a sparse gradient is torch's ``RuntimeError``.
       sparse_options: raises torch's ``RuntimeError`` for options a sparse gradient
         cannot be combined with (``weight_decay`` for SGD and Adagrad).
+      elementwise: the update is elementwise math, so it may run on several
+        parameters laid end to end in one flat buffer (the compiled step does
+        this). ``False`` for rules that reduce over a parameter or treat it as a
+        matrix (Adafactor's row and column statistics, Muon's Newton-Schulz
+        iteration): each parameter is then updated as itself, and its state
+        fields may have shapes of their own.
+      check_at_step: checks torch makes at a step rather than at construction
+        (Muon's ``ns_steps``), run before every step moves anything.
+      storage_dtype: ``update`` also receives ``storage_dtype=`` (the dtype the
+        parameter is stored in, before the upcast to the compute dtype), for a
+        rule whose math depends on it (Adafactor's default ``eps1`` is that
+        dtype's machine epsilon).
     """
 
     name: str
@@ -92,6 +104,10 @@ class Rule:
     supports_complex: bool = True
     sparse_options: Callable[[Options], None] | None = None
 
+    elementwise: bool = True
+    storage_dtype: bool = False
+    check_at_step: Callable[[Options], None] | None = None
+
     def check(self, options: Options, *, schedules: bool = False) -> None:
         """Every check of a group's options, before anything uses them: torch's value
         checks (``validate``), then every float hyper-parameter a real scalar.
@@ -106,6 +122,12 @@ class Rule:
         """
         self.validate(options)
         _validate.hypers(self.split(options)[0], schedules=schedules)
+
+    def check_step(self, options: Options) -> None:
+        """:meth:`check`, and the checks torch makes only when stepping."""
+        self.check(options)
+        if self.check_at_step is not None:
+            self.check_at_step(options)
 
 
 def is_number(value: Any) -> bool:
@@ -211,16 +233,14 @@ def _as_complex(x: Array, dtype: Any) -> Array:
 
 
 def check_complex(rule: Rule, dtype: Any) -> None:
-    """Refuse a complex parameter for a rule torch does not run on complex numbers.
+    """Refuse a complex parameter for a rule torch does not run on complex numbers
+    (torch's error, at the step).
 
     Raises:
-      ValueError: naming the optimizer.
+      RuntimeError: ``Adafactor does not support complex parameters``.
     """
     if not rule.supports_complex and jnp.issubdtype(dtype, jnp.complexfloating):
-        raise ValueError(
-            f"{rule.name} does not support complex parameters (torch's does not either); "
-            "optimize the real and imaginary parts as two real parameters"
-        )
+        raise RuntimeError(f"{rule.name} does not support complex parameters")
 
 
 def resolve(hyper: Mapping[str, HyperValue], count: Array, dtype: Any) -> dict[str, Any]:
@@ -298,6 +318,8 @@ def apply_leaf(
         update, grad_c = rule.sparse_update, grad
     else:
         update, grad_c = rule.update, grad.astype(cdtype)
+    if rule.storage_dtype:
+        flags = {**flags, "storage_dtype": np.dtype(param.dtype)}
     new_param, new_state = update(param.astype(cdtype), grad_c, state_c, hyper_c, **flags)
     return new_param.astype(param.dtype), _restore_dtypes(new_state, state, param.dtype)
 
@@ -307,8 +329,8 @@ def _is_complex_field(value: Any) -> bool:
 
 
 def init_leaf(rule: Rule, flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Array) -> Any:
-    """The state ``rule`` starts from for one parameter (or for a flat buffer of
-    parameters: every rule's ``init`` is elementwise).
+    """The state ``rule`` starts from for one parameter (or, for an elementwise
+    rule, for a flat buffer of parameters).
 
     Every field gets its own buffer (a rule may build two moments from one
     zeros array), so the state can be donated to a jitted step.
@@ -375,11 +397,15 @@ def _transpose_in(state: Any, treedef: Any, n: int) -> list[Any]:
 
 
 def _transpose_out(leaves: list[Any], treedef: Any, state_type: type) -> Any:
-    """One NamedTuple per leaf -> a transform state (NamedTuple of pytrees)."""
+    """One NamedTuple per leaf -> a transform state (NamedTuple of pytrees).
+
+    A field no leaf has is ``None``; a field only some leaves have (Adafactor's
+    ``row_var`` for matrices, ``variance`` for vectors) holds ``None`` at the others."""
     fields = []
     for name in state_type._fields:
         values = [getattr(leaf, name) for leaf in leaves]
-        fields.append(None if values and values[0] is None else treedef.unflatten(values))
+        absent = bool(values) and all(value is None for value in values)
+        fields.append(None if absent else treedef.unflatten(values))
     return state_type(*fields)
 
 
@@ -422,6 +448,8 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
     torch's new parameters).
     """
     rule.check(options, schedules=True)
+    if rule.check_at_step is not None:  # a transform has no later moment to refuse at
+        rule.check_at_step(options)
     hyper, flags = rule.split(options)
     hyper = {name: as_hyper(value) for name, value in hyper.items()}
 

@@ -68,8 +68,6 @@ def _split(o: dict) -> tuple[dict, dict]:
 
 
 def _init(param, hyper, **_) -> SparseAdamState:
-    if jnp.iscomplexobj(param):
-        raise ValueError("SparseAdam does not support complex parameters")
     zeros = jnp.zeros_like(param)
     return SparseAdamState(step=jnp.zeros((), jnp.float32), exp_avg=zeros, exp_avg_sq=zeros)
 

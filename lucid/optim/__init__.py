@@ -3,6 +3,7 @@
 from . import lr_scheduler, swa_utils
 from ._state import to_torch
 from .adadelta import Adadelta
+from .adafactor import Adafactor
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .adamax import Adamax
@@ -28,6 +29,7 @@ from .lr_scheduler import (
     SequentialLR,
     StepLR,
 )
+from .muon import Muon
 from .nadam import NAdam
 from .optimizer import Optimizer
 from .radam import RAdam
@@ -41,6 +43,7 @@ __all__ = [
     "LBFGS",
     "SGD",
     "Adadelta",
+    "Adafactor",
     "Adagrad",
     "Adam",
     "AdamW",
@@ -58,6 +61,7 @@ __all__ = [
     "LinearLR",
     "MultiStepLR",
     "MultiplicativeLR",
+    "Muon",
     "NAdam",
     "NoamScheduler",
     "OneCycleLR",

@@ -260,7 +260,7 @@ class CompiledBackend:
             for p, grad in zip(params, grads):
                 p.grad = grad
             for group in self.optimizer.param_groups:
-                self.rule.check(group)
+                self.rule.check_step(group)
             self.step()
         finally:
             for p, grad in zip(params, saved):
@@ -292,7 +292,9 @@ class CompiledBackend:
                 for name, value in zip(state._fields, state)
             )
         where = placement(entry.value)
-        if where[0] is None:  # a sharding no flat buffer can keep: the parameter alone
+        # alone: a sharding no flat buffer can keep, or a rule that is not elementwise
+        # (it reduces over each parameter, and its state fields have shapes of their own)
+        if where[0] is None or not self.rule.elementwise:
             where = (("alone", id(entry.param)), 1, None)
         return (entry.group, str(entry.value.dtype), where, signature, entry.grad is not None)
 

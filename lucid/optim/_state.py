@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._arrays import is_torch_tensor, numpy_to_torch, torch_to_numpy
-from ..functional._rule import Rule, compute_dtype, init_leaf, resume_leaf
+from ..functional._rule import Rule, check_complex, compute_dtype, init_leaf, resume_leaf
 
 Array = jax.Array
 
@@ -34,13 +34,15 @@ def begin(
     """The state a step starts from: ``state`` resumed under ``flags``, or, for a
     parameter without state (``None``), a new one from the current ``hyper``.
 
-    ``value`` is the parameter (or a flat buffer of parameters sharing one state
-    structure): every rule's ``init`` is elementwise.
+    ``value`` is the parameter (or, for an elementwise rule, a flat buffer of
+    parameters sharing one state structure).
 
     Raises:
       KeyError: an option that owns a state field was turned on after the state
         was created, for a rule where torch raises.
+      RuntimeError: a complex parameter for a rule torch does not run on them.
     """
+    check_complex(rule, value.dtype)
     if state is None:
         return init_leaf(rule, flags, hyper, value)
     return resume_leaf(rule, flags, state, value)
@@ -103,10 +105,15 @@ def load_entry(
                 raise ValueError(f"state {name!r} of parameter {key!r} must be a scalar")
             target = np.float32 if name == "step" else compute_dtype(dtype)
         else:
-            if array.shape != tuple(shape):
+            # the shape the rule gives this field (the parameter's for elementwise rules;
+            # Adafactor's row_var/col_var keep a reduced axis)
+            expected = getattr(probe, name)
+            expected = tuple(shape) if expected is None else tuple(expected.shape)
+            if array.shape != expected:
                 raise ValueError(
                     f"state {name!r} of parameter {key!r} has shape {array.shape}, "
-                    f"but the parameter has shape {tuple(shape)}"
+                    f"but {rule.name} keeps it as {expected} for a parameter of shape "
+                    f"{tuple(shape)}"
                 )
             target = dtype
         values[name] = jnp.asarray(array, target)

@@ -137,10 +137,12 @@ def _supported() -> tuple[type, ...]:
         LBFGS,
         SGD,
         Adadelta,
+        Adafactor,
         Adagrad,
         Adam,
         Adamax,
         AdamW,
+        Muon,
         NAdam,
         RAdam,
         RMSprop,
@@ -162,6 +164,8 @@ def _supported() -> tuple[type, ...]:
         Rprop,
         SparseAdam,
         LBFGS,
+        Adafactor,
+        Muon,
     )
 
 
@@ -265,7 +269,7 @@ class FusedStep:
     def __call__(self, tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
         optimizer = self.compiled.optimizer
         for group in optimizer.param_groups:
-            optimizer.rule.check(group)
+            optimizer.rule.check_step(group)
         loss, self.transform_state = self._backend().fused(
             self.loss_fn, tree, args, kwargs, self.grad_transform, self.transform_state
         )

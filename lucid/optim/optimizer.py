@@ -20,7 +20,7 @@ import numpy as np
 
 from .._parameter import Parameter
 from .._storage import by_storage
-from ..functional._rule import Rule, check_complex
+from ..functional._rule import Rule
 from ._backend import Backend, EagerBackend
 from ._hooks import (
     RemovableHandle,
@@ -173,8 +173,6 @@ class Optimizer:
                     f"{type(self).__name__} can only optimize floating-point (or complex) "
                     f"parameters, but one has dtype {p.dtype}"
                 )
-            if self.rule is not None:
-                check_complex(self.rule, p.dtype)
         if len(set(params)) != len(params):
             raise ValueError("a parameter group lists the same parameter twice")
         taken = {p for group in self.param_groups for p in group["params"]}
@@ -224,7 +222,7 @@ class Optimizer:
             raise NotImplementedError(f"{type(self).__name__} must implement step()")
         loss = closure() if closure is not None else None
         for group in self.param_groups:  # values edited by hand: checked before anything moves
-            self.rule.check(group)
+            self.rule.check_step(group)
         self._backend.step()
         return loss
 

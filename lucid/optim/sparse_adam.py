@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
+
 from ..functional.sparse_adam import SPARSE_ADAM
 from .optimizer import Optimizer, ParamsT, options_of
 
@@ -29,6 +31,17 @@ class SparseAdam(Optimizer):
         options = options_of(locals())
         options["betas"] = tuple(betas) if isinstance(betas, list | tuple) else betas
         super().__init__(params, options)
+        complex_params = [
+            [index, d_index]
+            for index, group in enumerate(self.param_groups)
+            for d_index, p in enumerate(group["params"])
+            if jnp.iscomplexobj(p.data)
+        ]
+        if complex_params:  # torch's check, at construction
+            raise ValueError(
+                f"Complex params at indices {complex_params}: SparseAdam does not support "
+                "complex parameters"
+            )
 
     def export_state(self, state: Any) -> dict[str, Any]:
         shown = super().export_state(state)

@@ -1,0 +1,241 @@
+"""Muon (``torch.optim.Muon``): momentum orthogonalized by a Newton-Schulz iteration.
+
+For a 2-D parameter ``p`` of shape ``(A, B)`` with gradient ``g``:
+
+$$
+\\begin{aligned}
+b_t &= \\mathrm{lerp}(b_{t-1}, g, 1-\\mu) = \\mu b_{t-1} + (1-\\mu) g \\\\
+u_t &= \\mathrm{lerp}(g, b_t, \\mu) \\text{ (nesterov) or } b_t \\\\
+O_t &= \\mathrm{NS}^{(a,b,c)}_k(u_t; \\epsilon) \\\\
+p &\\leftarrow p\\,(1 - \\gamma\\lambda) - \\gamma' O_t, \\qquad
+\\gamma' = \\gamma\\sqrt{\\max(1, A/B)} \\text{ ('original', the default) or }
+    0.2\\,\\gamma\\sqrt{\\max(A, B)} \\text{ ('match\\_rms\\_adamw')}
+\\end{aligned}
+$$
+
+$\\mathrm{NS}$ is torch's quintic Newton-Schulz iteration, run in **bfloat16**
+as torch runs it: ``X = u / max(||u||_F, eps)`` (on ``u^T`` when ``A > B``),
+then ``k`` times ``G = X X^T``, ``X = a X + (b G + c G G) X``. Each matrix
+product accumulates in float32 and is rounded to bfloat16 once, as torch's
+``addmm`` is. The momentum, the weight decay and the learning-rate adjustment
+run in the parameter's compute dtype.
+
+The momentum is torch's ``lerp`` (its docstring writes ``B = mu B + g``; its
+code, which this follows, averages). torch keeps only ``momentum_buffer``;
+lucid also keeps a ``step`` (hidden from the state_dict) that counts updates
+for schedules. This rule treats each parameter as a matrix, so it is not
+elementwise: the compiled step updates each parameter as itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ._math import lerp
+from ._rule import Rule, is_number, transform
+
+ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
+
+
+class MuonState(NamedTuple):
+    step: Any  # lucid only (hidden): updates done, for schedules
+    momentum_buffer: Any
+
+
+def orthogonalize(
+    update: jax.Array,
+    coefficients: Sequence[Any],
+    steps: int,
+    eps: Any,
+    dtype: Any = jnp.bfloat16,
+) -> jax.Array:
+    """torch's ``_zeropower_via_newtonschulz``: ``steps`` quintic Newton-Schulz iterations.
+
+    ``X = u / max(||u||_F, eps)`` (transposed first when ``u`` has more rows than
+    columns), then ``steps`` times ``G = X X^T``, ``X = a X + (b G + c G^2) X``.
+
+    Args:
+      update: the 2-D matrix to orthogonalize.
+      coefficients: ``(a, b, c)``.
+      steps: the number of iterations.
+      eps: the floor of the Frobenius norm.
+      dtype: the dtype the iterate is stored in (torch: bfloat16); products
+        accumulate in ``promote_types(dtype, float32)`` and are rounded once.
+
+    Returns:
+      The orthogonalized matrix, in ``dtype``, shaped as ``update``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from lucid.functional.muon import orthogonalize
+      >>> o = orthogonalize(jnp.eye(2) * 3.0, (3.4445, -4.7750, 2.0315), 5, 1e-7)
+      >>> o.dtype, o.shape
+      (dtype(bfloat16), (2, 2))
+    """
+    acc = jnp.promote_types(dtype, jnp.float32)
+    a, b, c = (jnp.asarray(k, acc) for k in coefficients)
+    x = update.astype(dtype)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    norm = jnp.sqrt(jnp.sum(jnp.square(x.astype(acc)))).astype(dtype)
+    x = x / jnp.maximum(norm, jnp.asarray(eps, dtype))
+    for _ in range(steps):
+        gram = jnp.matmul(x, x.T, preferred_element_type=acc).astype(dtype)
+        square = jnp.matmul(gram, gram, preferred_element_type=acc)
+        gram_update = (b * gram.astype(acc) + c * square).astype(dtype)
+        x = (a * x.astype(acc) + jnp.matmul(gram_update, x, preferred_element_type=acc)).astype(
+            dtype
+        )
+    return x.T if tall else x
+
+
+def lr_ratio(adjust_lr_fn: str | None, shape: Sequence[int]) -> float:
+    """The factor torch's ``_adjust_lr`` multiplies ``lr`` by for a parameter of ``shape``."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return 1.0
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _validate_muon(o: dict) -> None:
+    """torch's constructor checks, in torch's order and words (concrete numbers only)."""
+    if is_number(o["lr"]):
+        _check(o["lr"] >= 0.0, f"Learning rate should be >= 0 but is: {o['lr']}")
+    if is_number(o["momentum"]):
+        _check(o["momentum"] >= 0.0, f"momentum should be >= 0 but is: {o['momentum']}")
+    if is_number(o["weight_decay"]):
+        _check(o["weight_decay"] >= 0.0, f"weight decay should be >= 0 but is: {o['weight_decay']}")
+    if o["adjust_lr_fn"] not in ADJUST_LR_FNS:
+        raise ValueError(f"Adjust learning rate function {o['adjust_lr_fn']} is not supported")
+
+
+def _check_at_step(o: dict) -> None:
+    """The checks torch makes at its first step, not at construction."""
+    if o["ns_steps"] >= 100:
+        raise ValueError("Number of steps must be less than 100 for computational efficiency")
+    if len(o["ns_coefficients"]) != 3:
+        raise ValueError("Coefficients must be a tuple of exactly 3 values")
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    """Hyper-parameters and flags (before a step, :func:`_check_at_step` has run; until
+    then a wrong number of coefficients reads as zeros)."""
+    a, b, c = (*tuple(o["ns_coefficients"])[:3], 0.0, 0.0, 0.0)[:3]
+    hyper = {
+        "lr": o["lr"],
+        "weight_decay": o["weight_decay"],
+        "momentum": o["momentum"],
+        "eps": o["eps"],
+        "ns_a": a,
+        "ns_b": b,
+        "ns_c": c,
+    }
+    flags = {
+        "nesterov": bool(o["nesterov"]),
+        "ns_steps": int(o["ns_steps"]),
+        "adjust_lr_fn": o["adjust_lr_fn"],
+    }
+    return hyper, flags
+
+
+def _init(param, hyper, **_) -> MuonState:
+    if jnp.ndim(param) != 2:
+        raise ValueError(
+            "Muon only supports 2D parameters whereas we found a parameter with size: "
+            f"{tuple(jnp.shape(param))}"
+        )
+    return MuonState(step=jnp.zeros((), jnp.float32), momentum_buffer=jnp.zeros_like(param))
+
+
+def _update(param, grad, state, h, *, nesterov, ns_steps, adjust_lr_fn, ns_dtype=jnp.bfloat16):
+    if jnp.ndim(grad) != 2:
+        raise ValueError("Param gradient must be a 2D matrix")
+    buf = lerp(state.momentum_buffer, grad, h["one_minus_momentum"])
+    update = lerp(grad, buf, h["momentum"]) if nesterov else buf
+    coefficients = (h["ns_a"], h["ns_b"], h["ns_c"])
+    ortho = orthogonalize(update, coefficients, ns_steps, h["eps"], ns_dtype)
+    adjusted_lr = h["lr"] * lr_ratio(adjust_lr_fn, param.shape)
+    param = param * (1 - h["lr"] * h["weight_decay"])
+    new_param = param + (-adjusted_lr) * ortho.astype(param.dtype)
+    return new_param, MuonState(state.step + 1, buf)
+
+
+MUON = Rule(
+    name="Muon",
+    state=MuonState,
+    validate=_validate_muon,
+    split=_split,
+    init=_init,
+    update=_update,
+    complements=("momentum",),
+    hidden={"step": 0.0},
+    elementwise=False,
+    check_at_step=_check_at_step,
+    supports_complex=False,
+)
+
+
+def _with_ns_dtype(dtype: Any) -> Rule:
+    """Muon with the Newton-Schulz iterate kept in ``dtype`` instead of bfloat16 (a
+    separate rule, so nothing compiled for one is reused for the other). The tests
+    use float64 to compare everything around the iteration with torch exactly."""
+    return dataclasses.replace(MUON, update=functools.partial(_update, ns_dtype=dtype))
+
+
+def muon(
+    lr: Any = 1e-3,
+    weight_decay: Any = 0.1,
+    momentum: Any = 0.95,
+    nesterov: bool = True,
+    ns_coefficients: tuple[Any, Any, Any] = (3.4445, -4.775, 2.0315),
+    eps: Any = 1e-7,
+    ns_steps: int = 5,
+    adjust_lr_fn: str | None = None,
+) -> optax.GradientTransformation:
+    """``torch.optim.Muon`` as an optax transformation, for a pytree of 2-D parameters.
+
+    Args:
+      lr: the learning rate, scaled per parameter by ``adjust_lr_fn``.
+      weight_decay: decoupled weight decay, ``p *= 1 - lr * weight_decay``.
+      momentum: the momentum factor ``mu``.
+      nesterov: orthogonalize ``lerp(g, b, mu)`` instead of the buffer ``b``.
+      ns_coefficients: ``(a, b, c)`` of the Newton-Schulz polynomial.
+      eps: the floor of the Frobenius norm the iteration starts by dividing by.
+      ns_steps: Newton-Schulz iterations (fewer than 100).
+      adjust_lr_fn: ``None`` or ``'original'`` (``sqrt(max(1, A/B))``), or
+        ``'match_rms_adamw'`` (``0.2 * sqrt(max(A, B))``).
+
+    Returns:
+      An ``optax.GradientTransformation`` whose state is a :class:`MuonState`.
+
+    Raises:
+      ValueError: torch's message for an invalid value, ``ns_steps >= 100`` or
+        coefficients that are not three; ``init`` raises torch's error for a
+        parameter that is not 2-D.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, lucid.functional as LF
+      >>> params = {"w": jnp.ones((4, 2))}
+      >>> tx = LF.muon(lr=0.02, weight_decay=0.0)
+      >>> state = tx.init(params)
+      >>> updates, state = tx.update({"w": jnp.eye(4, 2)}, state, params)
+      >>> optax.apply_updates(params, updates)["w"].shape
+      (4, 2)
+    """
+    return transform(MUON, locals())

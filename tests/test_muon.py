@@ -1,0 +1,430 @@
+"""Muon against torch.optim.Muon: functional, eager and compiled.
+
+torch runs the Newton-Schulz (NS) iteration in bfloat16, so a whole Muon
+trajectory cannot agree to 1e-10. The tests split it:
+
+* **The iteration itself, in bfloat16**, against torch's own
+  ``_zeropower_via_newtonschulz`` on the same input. Tolerance, derived: each
+  bfloat16 implementation is ~1-3% (relative Frobenius) away from the same
+  iteration in exact arithmetic (unit roundoff 2**-8, amplified by five
+  iterations of a polynomial with slope up to a=3.4); two implementations that
+  round every product once to bfloat16 differ by rounding flips only. We require
+  lucid to be closer to torch than half of torch's own distance to the float64
+  iteration (so a wrong coefficient, transpose or normalisation, which moves the
+  result by O(1), fails), and every entry within 8 bfloat16 ulps of the
+  output's largest entry (measured: identical bits up to 96 columns, at most 4
+  ulps for a 128x256 product, where XLA and torch sum in different orders).
+* **Everything around it, exactly**: torch's own NS function with
+  ``.bfloat16()`` replaced by ``.double()`` (its source, one token changed) is
+  patched into ``torch.optim._muon``, and lucid runs its rule with the iterate
+  in float64 (``_with_ns_dtype``). Momentum, Nesterov, decoupled weight decay,
+  ``adjust_lr_fn`` and the iteration's structure then agree to float64's 1e-10
+  over every option set, in the functional, eager and compiled forms, state
+  included.
+* **The real (bfloat16) optimizer** in float32 against torch's, within a bound
+  derived from the same ulp budget: per step, each entry of the update may
+  differ by 8 bfloat16 ulps of the largest entry times the adjusted lr.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+import torch.optim._muon as torch_muon
+from oracle import F64_RTOL, relative_error, to_numpy, torch_default_dtype
+
+import lucid
+from lucid.functional._rule import transform
+from lucid.functional.muon import MUON, _with_ns_dtype, lr_ratio, muon, orthogonalize
+from lucid.optim._compiled import CompiledBackend
+
+STEPS = 20
+COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+MUON_CASES = [
+    {},
+    {"lr": 0.02, "nesterov": False},
+    {"lr": 0.02, "weight_decay": 0.0, "momentum": 0.5, "adjust_lr_fn": "match_rms_adamw"},
+    {
+        "lr": 0.02,
+        "adjust_lr_fn": "original",
+        "ns_coefficients": (2.0, -1.5, 0.5),
+        "ns_steps": 3,
+        "eps": 1e-5,
+    },
+    {"lr": 0.02, "momentum": 0.0, "weight_decay": 0.2},
+]
+
+
+def _case_id(options: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in options.items()) or "defaults"
+
+
+# ------------------------------------------------------------------ problem
+# a tall (6, 4) matrix (NS runs on its transpose, 'original' scales its lr) and
+# a wide (3, 5) one, with a smooth non-convex loss
+
+
+def _problem() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return {"a": rng.normal(size=(6, 4)), "c": rng.normal(size=(3, 5)) * 0.5}
+
+
+_X6 = np.random.default_rng(11).normal(size=(8, 6))
+_X3 = np.random.default_rng(12).normal(size=(8, 3))
+_Y4 = np.random.default_rng(13).normal(size=(8, 4))
+_Y5 = np.random.default_rng(14).normal(size=(8, 5))
+
+
+def _loss_jax(p):
+    a, c = p["a"], p["c"]
+    x6, y4, x3, y5 = (jnp.asarray(v, a.dtype) for v in (_X6, _Y4, _X3, _Y5))
+    fit = jnp.mean((jnp.tanh(x6 @ a) - y4) ** 2) + jnp.mean((jnp.tanh(x3 @ c) - y5) ** 2)
+    return fit + 0.05 * jnp.sum(a**4)
+
+
+def _loss_torch(p):
+    a, c = p["a"], p["c"]
+    x6, y4, x3, y5 = (torch.as_tensor(v, dtype=a.dtype) for v in (_X6, _Y4, _X3, _Y5))
+    fit = torch.mean((torch.tanh(x6 @ a) - y4) ** 2) + torch.mean((torch.tanh(x3 @ c) - y5) ** 2)
+    return fit + 0.05 * torch.sum(a**4)
+
+
+# ------------------------------------------------------------ the oracles
+
+
+def _torch_ns_in_float64():
+    """torch's own ``_zeropower_via_newtonschulz`` with ``.bfloat16()`` -> ``.double()``."""
+    source = inspect.getsource(torch_muon._zeropower_via_newtonschulz)
+    assert source.count(".bfloat16()") == 1, "torch's NS changed: revisit this oracle"
+    namespace = dict(vars(torch_muon))
+    # .clone(): on a float64 input .double() returns the input itself, and the in-place
+    # division that follows would write into torch's momentum buffer
+    exec(source.replace(".bfloat16()", ".double().clone()"), namespace)
+    return namespace["_zeropower_via_newtonschulz"]
+
+
+TORCH_NS_F64 = _torch_ns_in_float64()
+MUON_F64 = _with_ns_dtype(jnp.float64)
+
+
+@pytest.fixture
+def float64_ns(monkeypatch):
+    """Both sides run the iteration in float64 for the duration of a test."""
+    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz", TORCH_NS_F64)
+    monkeypatch.setattr(lucid.optim.Muon, "rule", MUON_F64)
+
+
+def _run_torch(options, dtype, steps=STEPS):
+    tdtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
+    with torch_default_dtype(tdtype):
+        params = {
+            k: torch.tensor(v, dtype=tdtype, requires_grad=True) for k, v in _problem().items()
+        }
+        opt = torch.optim.Muon(list(params.values()), **options)
+        for _ in range(steps):
+            opt.zero_grad()
+            _loss_torch(params).backward()
+            opt.step()
+    return {k: v.detach().numpy().copy() for k, v in params.items()}, opt
+
+
+def _run_shell(options, dtype, steps=STEPS, compile_at=None):
+    params = {k: lucid.Parameter(jnp.asarray(v, dtype)) for k, v in _problem().items()}
+    opt = lucid.optim.Muon(list(params.values()), **options)
+    for step in range(steps):
+        if step == compile_at:
+            lucid.compile_optimizer(opt)
+        opt.zero_grad()
+        lucid.backward(_loss_jax, params)
+        opt.step()
+    return {k: np.asarray(p.data) for k, p in params.items()}, opt
+
+
+def _run_functional(tx, dtype, steps=STEPS):
+    params = {k: jnp.asarray(v, dtype) for k, v in _problem().items()}
+    state = tx.init(params)
+
+    @jax.jit
+    def step(params, state):
+        updates, state = tx.update(jax.grad(_loss_jax)(params), state, params)
+        return optax.apply_updates(params, updates), state
+
+    for _ in range(steps):
+        params, state = step(params, state)
+    return {k: np.asarray(v) for k, v in params.items()}, state
+
+
+def _assert_close(actual, expected, rtol):
+    for key in expected:
+        err = relative_error(actual[key], expected[key])
+        assert err <= rtol, f"{key}: relative error {err:.3g} > {rtol:.3g}"
+
+
+def _assert_torch_state(ours_sd, torch_sd, rtol):
+    assert ours_sd["param_groups"] == torch_sd["param_groups"]
+    assert set(ours_sd["state"]) == set(torch_sd["state"])
+    for index, theirs in torch_sd["state"].items():
+        assert set(ours_sd["state"][index]) == set(theirs) == {"momentum_buffer"}
+        ours = np.asarray(ours_sd["state"][index]["momentum_buffer"])
+        expected = to_numpy(theirs["momentum_buffer"])
+        assert ours.shape == expected.shape and ours.dtype == expected.dtype
+        assert relative_error(ours, expected) <= rtol, index
+
+
+# ------------------------------------------------- the iteration, bfloat16
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (3, 5), (32, 32), (64, 16), (16, 96), (128, 256)])
+def test_bfloat16_newton_schulz_matches_torchs(shape):
+    rng = np.random.default_rng(sum(shape))
+    # columns of very different scales: the iteration far from convergence
+    update = (rng.normal(size=shape) * np.logspace(-3, 0, shape[1])).astype(np.float32)
+    theirs = torch_muon._zeropower_via_newtonschulz(torch.tensor(update), COEFFICIENTS, 5, 1e-7)
+    exact = TORCH_NS_F64(torch.tensor(update, dtype=torch.float64), COEFFICIENTS, 5, 1e-7).numpy()
+    ours = orthogonalize(jnp.asarray(update), COEFFICIENTS, 5, 1e-7)
+    assert ours.dtype == jnp.bfloat16 and ours.shape == shape
+    ours = np.asarray(ours.astype(jnp.float32), np.float64)
+    theirs = theirs.float().numpy().astype(np.float64)
+
+    def frobenius(x, y):
+        return np.linalg.norm(x - y) / np.linalg.norm(y)
+
+    torch_rounding = frobenius(theirs, exact)
+    assert 1e-3 < torch_rounding < 0.1  # bfloat16's error, not float32's or a broken oracle
+    assert frobenius(ours, theirs) <= 0.5 * torch_rounding
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(theirs).max())) - 7)
+    assert np.abs(ours - theirs).max() <= 8 * ulp
+
+
+def test_float64_newton_schulz_is_torchs_iteration():
+    """The same iteration in float64: transpose, normalisation and coefficients."""
+    rng = np.random.default_rng(3)
+    for shape in [(7, 3), (3, 7), (5, 5)]:
+        update = rng.normal(size=shape)
+        expected = TORCH_NS_F64(torch.tensor(update), (2.0, -1.5, 0.5), 4, 1e-7).numpy()
+        actual = orthogonalize(jnp.asarray(update), (2.0, -1.5, 0.5), 4, 1e-7, jnp.float64)
+        np.testing.assert_allclose(np.asarray(actual), expected, rtol=1e-12, atol=1e-14)
+
+
+def test_lr_ratio_is_torchs_adjust_lr():
+    for fn in (None, "original", "match_rms_adamw"):
+        for shape in [(6, 4), (4, 6), (768, 3072)]:
+            expected = torch_muon._adjust_lr(1.0, fn, torch.Size(shape))
+            assert lr_ratio(fn, shape) == expected
+
+
+# -------------------------------- everything around it, float64 exactly
+
+
+@pytest.mark.parametrize("options", MUON_CASES, ids=_case_id)
+def test_functional_float64_matches_torch(options, float64_ns):
+    expected, topt = _run_torch(options, "float64")
+    defaults = {k: v.default for k, v in inspect.signature(muon).parameters.items()}
+    actual, state = _run_functional(transform(MUON_F64, {**defaults, **options}), "float64")
+    _assert_close(actual, expected, F64_RTOL)
+    tsd = topt.state_dict()
+    for index, key in enumerate(sorted(_problem())):
+        buf = to_numpy(tsd["state"][index]["momentum_buffer"])
+        assert relative_error(np.asarray(state.momentum_buffer[key]), buf) <= 1e-9
+
+
+@pytest.mark.parametrize("compile_at", [None, 0, 7], ids=["eager", "compiled", "adopting"])
+@pytest.mark.parametrize("options", MUON_CASES, ids=_case_id)
+def test_shell_float64_matches_torch(options, compile_at, float64_ns):
+    expected, topt = _run_torch(options, "float64")
+    actual, opt = _run_shell(options, "float64", compile_at=compile_at)
+    assert isinstance(opt.backend, CompiledBackend) == (compile_at is not None)
+    _assert_close(actual, expected, F64_RTOL)
+    _assert_torch_state(opt.state_dict(), topt.state_dict(), 1e-9)
+
+
+# ---------------------------------------------- the real optimizer, float32
+
+
+def _ulp_bound(options, steps=STEPS):
+    """8 bfloat16 ulps of an NS output entry (at most ~1.5, so ulp 2**-7) times the
+    largest adjusted lr, per step, relative to the parameters' scale."""
+    lr = options.get("lr", 1e-3)
+    ratio = max(lr_ratio(options.get("adjust_lr_fn"), v.shape) for v in _problem().values())
+    scale = min(np.abs(v).max() for v in _problem().values())
+    return steps * lr * ratio * 8 * 2.0**-7 / scale
+
+
+@pytest.mark.parametrize("options", MUON_CASES[::2], ids=_case_id)
+def test_bfloat16_muon_float32_matches_torch_within_the_ulp_budget(options):
+    expected, topt = _run_torch(options, "float32")
+    bound = _ulp_bound(options)
+    eager, opt = _run_shell(options, "float32")
+    compiled, _ = _run_shell(options, "float32", compile_at=0)
+    functional, _ = _run_functional(muon(**options), "float32")
+    for actual in (eager, compiled, functional):
+        assert all(v.dtype == np.float32 for v in actual.values())
+        _assert_close(actual, expected, bound)
+    _assert_close(compiled, eager, 1e-6)  # same program, laid out per parameter
+    # the buffer averages gradients (lerp: weights summing to one), so it can differ
+    # from torch's by at most the gradients' difference at the two trajectories'
+    # parameters; the last step's, doubled, stands for the worst of the history
+    ours_sd, torch_sd = opt.state_dict(), topt.state_dict()
+    _assert_torch_state(ours_sd, torch_sd, np.inf)  # names, shapes, dtypes, groups
+    grad = jax.grad(_loss_jax)
+    ours_g = grad({k: jnp.asarray(v, jnp.float64) for k, v in eager.items()})
+    torch_g = grad({k: jnp.asarray(v, jnp.float64) for k, v in expected.items()})
+    for index, key in enumerate(sorted(_problem())):
+        allowed = 2 * float(jnp.max(jnp.abs(ours_g[key] - torch_g[key]))) + 1e-6
+        buf = np.asarray(ours_sd["state"][index]["momentum_buffer"], np.float64)
+        theirs = to_numpy(torch_sd["state"][index]["momentum_buffer"]).astype(np.float64)
+        assert np.abs(buf - theirs).max() <= allowed, key
+
+
+# ------------------------------------------------- API, validation, checkpoints
+
+
+def test_signatures_are_torchs():
+    cls = inspect.signature(lucid.optim.Muon.__init__).parameters
+    theirs = inspect.signature(torch.optim.Muon.__init__).parameters
+    fn = inspect.signature(muon).parameters
+    assert list(cls) == list(theirs)
+    for name in theirs:
+        if name in ("self", "params"):
+            continue
+        assert (cls[name].kind, cls[name].default) == (theirs[name].kind, theirs[name].default)
+        assert (fn[name].kind, fn[name].default) == (theirs[name].kind, theirs[name].default)
+
+
+def _error(make):
+    try:
+        make()
+    except (ValueError, TypeError) as error:
+        return type(error), str(error)
+    return None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"lr": -1.0},
+        {"lr": float("nan")},
+        {"momentum": -0.5},
+        {"weight_decay": -1e-8},
+        {"adjust_lr_fn": "rms"},
+        {"lr": -1.0, "momentum": -1.0},
+        {"ns_steps": 100},  # accepted: torch raises at the first step
+        {"ns_coefficients": (1.0, 2.0)},  # the same
+        {"lr": 0.0, "momentum": 0.0, "weight_decay": 0.0, "adjust_lr_fn": "original"},
+    ],
+    ids=str,
+)
+def test_construction_refuses_what_torch_refuses(options):
+    expected = _error(lambda: torch.optim.Muon([torch.zeros(2, 2, requires_grad=True)], **options))
+    assert _error(lambda: lucid.optim.Muon([lucid.Parameter(jnp.zeros((2, 2)))], **options)) == (
+        expected
+    )
+    if expected is not None:
+        assert _error(lambda: muon(**options)) == expected
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [({"ns_steps": 100}, "Number of steps"), ({"ns_coefficients": (1.0, 2.0)}, "exactly 3")],
+)
+def test_the_first_step_refuses_what_torchs_does_and_changes_nothing(options, message):
+    tw = torch.ones(2, 2, requires_grad=True)
+    tw.grad = torch.ones(2, 2)
+    with pytest.raises(ValueError, match=message):
+        torch.optim.Muon([tw], **options).step()
+    w = lucid.Parameter(jnp.ones((2, 2)))
+    opt = lucid.optim.Muon([w], **options)
+    w.grad = jnp.ones((2, 2))
+    with pytest.raises(ValueError, match=message):
+        opt.step()
+    assert not opt.state and np.all(np.asarray(w.data) == 1.0)
+    with pytest.raises(ValueError, match=message):
+        muon(**options)  # the functional form has no later moment to refuse at
+
+
+def test_only_matrices_as_torch():
+    with pytest.raises(ValueError, match="only supports 2D parameters"):
+        torch.optim.Muon([torch.zeros(3, requires_grad=True)])
+    with pytest.raises(ValueError, match="only supports 2D parameters"):
+        lucid.optim.Muon([lucid.Parameter(jnp.zeros(3))])
+    with pytest.raises(ValueError, match="only supports 2D parameters"):
+        muon().init({"w": jnp.zeros((2, 2)), "b": jnp.zeros(3)})
+    # a vector added later is refused at the step (torch's check), before anything moves
+    tw, tb = torch.ones(2, 2, requires_grad=True), torch.ones(3, requires_grad=True)
+    topt = torch.optim.Muon([tw])
+    topt.add_param_group({"params": [tb]})
+    tw.grad, tb.grad = torch.ones(2, 2), torch.ones(3)
+    with pytest.raises(ValueError, match="must be a 2D matrix"):
+        topt.step()
+    w, b = lucid.Parameter(jnp.ones((2, 2))), lucid.Parameter(jnp.ones(3))
+    for compiled in (False, True):
+        opt = lucid.optim.Muon([w])
+        opt.add_param_group({"params": [b]})
+        if compiled:
+            lucid.compile_optimizer(opt)
+        w.grad, b.grad = jnp.ones((2, 2)), jnp.ones(3)
+        with pytest.raises(ValueError, match="must be a 2D matrix"):
+            opt.step()
+        assert not opt.state and np.all(np.asarray(w.data) == 1.0)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_checkpoints_move_both_ways(compiled, float64_ns):
+    options = {"lr": 0.02, "adjust_lr_fn": "match_rms_adamw"}
+    tparams = {k: torch.tensor(v, requires_grad=True) for k, v in _problem().items()}
+    topt = torch.optim.Muon(list(tparams.values()), **options)
+
+    def torch_step(topt, tparams):
+        topt.zero_grad()
+        _loss_torch(tparams).backward()
+        topt.step()
+
+    for _ in range(4):
+        torch_step(topt, tparams)
+    # a copy: on the CPU, jax may share a NumPy view's memory, which torch keeps updating
+    params = {k: lucid.Parameter(jnp.array(v.detach().numpy())) for k, v in tparams.items()}
+    opt = lucid.optim.Muon(list(params.values()), **options)
+    if compiled:
+        lucid.compile_optimizer(opt)
+    opt.load_state_dict(topt.state_dict())  # torch -> lucid
+    for _ in range(4):
+        torch_step(topt, tparams)
+        opt.zero_grad()
+        lucid.backward(_loss_jax, params)
+        opt.step()
+    expected = {k: v.detach().numpy() for k, v in tparams.items()}
+    _assert_close({k: np.asarray(p.data) for k, p in params.items()}, expected, F64_RTOL)
+    sd = opt.state_dict()  # lucid -> torch
+    tparams2 = {k: torch.tensor(np.asarray(p.data), requires_grad=True) for k, p in params.items()}
+    topt2 = torch.optim.Muon(list(tparams2.values()), **options)
+    as_torch = {
+        i: {n: torch.as_tensor(np.array(v)) for n, v in s.items()} for i, s in sd["state"].items()
+    }
+    topt2.load_state_dict({"state": as_torch, "param_groups": sd["param_groups"]})
+    for _ in range(3):
+        torch_step(topt2, tparams2)
+        torch_step(topt, tparams)
+    for key in tparams:
+        chex.assert_trees_all_close(
+            tparams2[key].detach().numpy(), tparams[key].detach().numpy(), rtol=1e-12
+        )
+
+
+def test_the_rule_is_not_elementwise_and_each_matrix_is_its_own_bucket():
+    assert MUON.elementwise is False
+    params = [lucid.Parameter(jnp.ones((4, 3))), lucid.Parameter(jnp.ones((4, 3)))]
+    opt = lucid.optim.Muon(params, lr=0.02)
+    lucid.compile_optimizer(opt)
+    for p in params:
+        p.grad = jnp.arange(12.0).reshape(4, 3)
+    opt.step()
+    buckets = opt.backend._buckets
+    assert len(buckets) == 2 and all(not b.store.flat for b in buckets)
