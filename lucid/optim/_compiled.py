@@ -247,8 +247,11 @@ class CompiledBackend:
         from .._trace import backward
 
         params = self.parameters()
-        saved = [p.grad for p in params]
-        for p in params:
+        # every Parameter the loss sees keeps its .grad (only ours are updated)
+        touched = {id(p): p for p in _parameters_in((tree, args, kwargs))}
+        touched.update((id(p), p) for p in params)
+        saved = {key: p.grad for key, p in touched.items()}
+        for p in touched.values():
             p.grad = None
         try:
             loss = backward(loss_fn, tree, *args, **kwargs)
@@ -257,14 +260,16 @@ class CompiledBackend:
                 grads, transform_state = grad_transform.update(
                     grads, transform_state, [p.data for p in params]
                 )
+            for p in touched.values():
+                p.grad = None
             for p, grad in zip(params, grads):
                 p.grad = grad
             for group in self.optimizer.param_groups:
                 self.rule.check_step(group)
             self.step()
         finally:
-            for p, grad in zip(params, saved):
-                p.grad = grad
+            for key, p in touched.items():
+                p.grad = saved[key]
         return loss, transform_state
 
     # ------------------------------------------------------------ layout
@@ -454,6 +459,11 @@ class CompiledBackend:
         for bucket, value, state in zip(buckets, values, states):
             bucket.store.replace_values(value)
             bucket.state = state
+
+
+def _parameters_in(tree: Any) -> list[Parameter]:
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Parameter))
+    return [leaf for leaf in leaves if isinstance(leaf, Parameter)]
 
 
 def _partly(bucket: _Bucket) -> bool:
