@@ -172,9 +172,20 @@ class FlatStore:
         (state fields may share one zeros array, and each buffer is donated)."""
         if not self.flat:
             return jnp.array(arrays[0], copy=True)
-        dtype = arrays[0].dtype
-        buffer = join_views([jnp.asarray(a).astype(dtype) for a in arrays], self.layout)
-        return buffer if self.sharding is None else jax.device_put(buffer, self.sharding)
+        return self._assembled(arrays)
+
+    def _assembled(self, arrays: Sequence[Array]) -> Array:
+        """:func:`join_views` without its cost at start-up: one ``concatenate`` of
+        thousands of arrays is an XLA compilation of seconds, while writing each piece
+        into a zeros buffer reuses one small executable per distinct piece shape."""
+        dtype = jnp.asarray(arrays[0]).dtype
+        rows = self.layout.rows
+        buffer = jnp.zeros((sum(self.columns),) if rows == 1 else (rows, sum(self.columns)), dtype)
+        if self.sharding is not None:
+            buffer = jax.device_put(buffer, self.sharding)
+        for array, offset in zip(arrays, self.offsets):
+            buffer = _write(buffer, jnp.asarray(array), offset)
+        return buffer
 
     def like_state(self, arrays: Sequence[Array]) -> Array:
         """Per-parameter state arrays as one state buffer of this store (:meth:`like`,
