@@ -32,6 +32,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 import lucid
@@ -55,13 +56,27 @@ OPTIMIZERS = {
         2,
     ),
     "sgd": ("SGD", {"lr": 1e-2, "momentum": 0.9}, lambda: optax.sgd(1e-2, momentum=0.9), 1),
+    # the rest of torch's elementwise optimizers (no optax counterpart with torch's math):
+    # name -> (class, options, None, number of parameter-sized state buffers)
+    "rmsprop": ("RMSprop", {"lr": 1e-2}, None, 1),
+    "adagrad": ("Adagrad", {"lr": 1e-2}, None, 1),
+    "adadelta": ("Adadelta", {}, None, 2),
+    "adamax": ("Adamax", {"lr": 2e-3}, None, 2),
+    "radam": ("RAdam", {"lr": 1e-3}, None, 2),
+    "nadam": ("NAdam", {"lr": 2e-3}, None, 2),
+    "asgd": ("ASGD", {"lr": 1e-2}, None, 1),
+    "rprop": ("Rprop", {"lr": 1e-2}, None, 2),
 }
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+DTYPE = [jnp.float32]  # set from --dtype in main()
 
 
 def _arrays(shapes, seed):
     key = jax.random.PRNGKey(seed)
     return [
-        jax.random.normal(jax.random.fold_in(key, i), s, jnp.float32) * 0.01
+        (jax.random.normal(jax.random.fold_in(key, i), s, jnp.float32) * 0.01).astype(DTYPE[0])
         for i, s in enumerate(shapes)
     ]
 
@@ -129,11 +144,15 @@ def bench_torch(name, options, shapes, args, impl) -> tuple[Timing, float] | Non
         return None
     gen = torch.Generator(device="cpu").manual_seed(0)
     params = []
+    dtype = getattr(torch, np.dtype(DTYPE[0]).name)
     for s in shapes:
-        p = torch.nn.Parameter((torch.randn(s, generator=gen) * 0.01).to(device))
-        p.grad = (torch.randn(s, generator=gen) * 0.01).to(device)
+        p = torch.nn.Parameter((torch.randn(s, generator=gen) * 0.01).to(device, dtype))
+        p.grad = (torch.randn(s, generator=gen) * 0.01).to(device, dtype)
         params.append(p)
-    opt = getattr(torch.optim, name)(params, **options, **{impl: True})
+    try:
+        opt = getattr(torch.optim, name)(params, **options, **{impl: True})
+    except (RuntimeError, ValueError, TypeError):  # no fused (or foreach) kernel for it
+        return None
     timing = _both(opt.step, torch_sync(device), args)
     del opt, params
     gc.collect()
@@ -147,7 +166,7 @@ def run_mode(mode, cls, options, optax_factory, shapes, args) -> tuple[Timing, f
     if mode.startswith("torch_"):
         return bench_torch(cls, options, shapes, args, mode.removeprefix("torch_"))
     if mode == "optax":
-        return bench_optax(optax_factory(), shapes, args)
+        return None if optax_factory is None else bench_optax(optax_factory(), shapes, args)
     if mode == "functional":
         return bench_optax(getattr(lucid.functional, cls.lower())(**options), shapes, args)
     return bench_lucid(cls, options, shapes, args, mode)
@@ -192,6 +211,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--torch-device", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     args = parser.parse_args()
     if args.torch_device is None:
         try:
@@ -201,6 +221,8 @@ def main() -> None:
         except ImportError:
             args.torch_device = "cpu"
     modes = args.modes.split(",")
+    DTYPE[0] = DTYPES[args.dtype]
+    itemsize = np.dtype(DTYPE[0]).itemsize
     print(hardware())
     bandwidth = copy_bandwidth(args)
     print(f"device copy bandwidth (jax, read+write): {bandwidth / 1e9:.1f} GB/s\n")
@@ -215,7 +237,7 @@ def main() -> None:
         for set_name in args.sets:
             shapes = shape_sets.SETS[set_name]()
             n = shape_sets.numel(shapes)
-            n_bytes = 4 * (3 + 2 * n_state) * n
+            n_bytes = itemsize * (3 + 2 * n_state) * n  # state kept in the params' dtype
             floor_ms = n_bytes / bandwidth * 1e3
             print(f"{opt_name:9s} {set_name:11s} {'floor':14s} {floor_ms:8.3f}")
             for mode in modes:
@@ -236,6 +258,7 @@ def main() -> None:
                     "first_ms": timing.first_ms,
                     "n_params": n,
                     "n_tensors": len(shapes),
+                    "dtype": args.dtype,
                 }
                 results.append(row)
                 print(
