@@ -153,7 +153,10 @@ def bench_torch(name, options, shapes, args, impl) -> tuple[Timing, float] | Non
         opt = getattr(torch.optim, name)(params, **options, **{impl: True})
     except (RuntimeError, ValueError, TypeError):  # no fused (or foreach) kernel for it
         return None
-    timing = _both(opt.step, torch_sync(device), args)
+    try:
+        timing = _both(opt.step, torch_sync(device), args)
+    except RuntimeError:  # torch refuses this kernel at the first step (fused Adagrad on CUDA)
+        timing = None
     del opt, params
     gc.collect()
     if device.startswith("cuda"):

@@ -273,6 +273,7 @@ class FusedStep:
         loss, self.transform_state = self._backend().fused(
             self.loss_fn, tree, args, kwargs, self.grad_transform, self.transform_state
         )
+        optimizer._opt_called = True  # a step, for the schedulers' order check
         return loss
 
 
