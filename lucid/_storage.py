@@ -9,8 +9,9 @@ other optimizers holding the same Parameter: each reads and writes the one
 place the value lives.
 
 The protocol has two halves. *Access*: ``value``, ``set_value``, ``grad``,
-``set_grad``, ``shape``, ``dtype``, ``clear_grads``, and ``grad_buffer`` /
-``set_grad_buffer`` for whole-storage gradient work (clipping) in one call. *Tracing*, used by
+``set_grad``, ``grad_present`` (without reading the gradient), ``shape``,
+``dtype``, ``clear_grads``, and ``grad_buffer`` / ``set_grad_buffer`` for
+whole-storage gradient work (clipping) in one call. *Tracing*, used by
 :func:`lucid.backward` and fused steps to differentiate through stored
 parameters without copying them out: ``buffer`` (the array holding every value
 of the storage), ``layout`` (how the buffer holds them, hashable) and
@@ -39,6 +40,7 @@ class Storage(Protocol):
     def value(self, index: int) -> Array: ...
     def set_value(self, index: int, value: Array) -> None: ...
     def grad(self, index: int) -> Array | None: ...
+    def grad_present(self, index: int) -> bool: ...
     def set_grad(self, index: int, grad: Array | None) -> None: ...
     def shape(self, index: int) -> tuple[int, ...]: ...
     def dtype(self, index: int) -> np.dtype: ...
@@ -90,6 +92,9 @@ class OwnArrays:
 
     def grad(self, index: int) -> Any:
         return self._grad
+
+    def grad_present(self, index: int) -> bool:
+        return self._grad is not None
 
     def set_grad(self, index: int, grad: Any) -> None:
         self._grad = grad

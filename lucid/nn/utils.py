@@ -81,7 +81,8 @@ class _Gradients:
     buffer where these parameters are all of its gradients, else one array each."""
 
     def __init__(self, params: list[Parameter]) -> None:
-        with_grad = [p for p in params if p.grad is not None]
+        # presence from the storages: reading p.grad would cut a slice per parameter
+        with_grad = [p for p in params if p.location[0].grad_present(p.location[1])]
         self.arrays: list[Array] = []
         pieces: list[Any] = []  # per array: None (one tensor) or (layout, indices)
         self._writers: list[Any] = []

@@ -216,6 +216,9 @@ class FlatStore:
     def set_grad(self, index: int, grad: Any) -> None:
         self.write_grad(index, grad)
 
+    def grad_present(self, index: int) -> bool:
+        return bool(self.has_grad[index])
+
     def shape(self, index: int) -> tuple[int, ...]:
         return self.shapes[index]
 
