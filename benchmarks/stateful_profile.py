@@ -15,11 +15,13 @@ Exit status 1 when any divergence was found.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import sys
 import time
 import traceback
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -31,6 +33,8 @@ jax.config.update("jax_enable_x64", True)  # as tests/conftest.py does
 from hypothesis import HealthCheck, Phase, seed, settings  # noqa: E402
 from hypothesis.stateful import get_state_machine_test  # noqa: E402
 from test_stateful_torch import STATS, TorchParityMachine  # noqa: E402
+
+from lucid.optim._backend import _group_step  # noqa: E402
 
 
 def distinct_failures(error: BaseException) -> list[BaseException]:
@@ -46,6 +50,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="base seed (default: random)")
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     args = parser.parse_args()
+    # lucid's order warning for schedulers stepped before the optimizer, as torch's:
+    # legitimate in random sequences, and thousands of lines otherwise
+    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
 
     base_seed = args.seed if args.seed is not None else random.getrandbits(32)
     phases = [Phase.generate] if args.no_shrink else [Phase.generate, Phase.shrink]
@@ -80,6 +87,11 @@ def main() -> int:
             traceback.print_exception(error)
         done += n
         chunk_index += 1
+        # every sequence compiles programs of its own; without this a long profile
+        # grows jax's caches until compilation runs out of memory
+        jax.clear_caches()
+        _group_step.cache_clear()
+        gc.collect()
         elapsed = time.perf_counter() - start
         print(
             f"[{elapsed:7.1f} s] {done}/{args.sequences} examples, "

@@ -287,3 +287,30 @@ def test_a_parameter_keeps_one_value_whoever_holds_it():
     np.testing.assert_array_equal(np.asarray(b.data), np.ones(2))  # no gradient: not moved
     with pytest.raises(TypeError, match="shape"):
         w.grad = [0.1, 0.2, 0.3]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_loaded_state_without_an_optional_entry_raises_at_the_step_as_torch(mode):
+    """torch loads RMSprop state made while momentum was 0 into a group whose momentum is
+    0.9 (OneCycleLR set it), and raises KeyError at the next step: lucid the same."""
+    init = problem()
+    params, tparams = _lucid_params(init), _torch_params(init)
+    opt = lucid.optim.RMSprop(list(params.values()), lr=0.01)
+    topt = torch.optim.RMSprop(list(tparams.values()), lr=0.01)
+    _lucid_step(opt, params)
+    _torch_step(topt, tparams)
+    for o in (opt, topt):
+        o.param_groups[0]["momentum"] = 0.9
+    fresh = _maybe_compile(lucid.optim.RMSprop(list(params.values()), lr=0.01), mode)
+    tfresh = torch.optim.RMSprop(list(tparams.values()), lr=0.01)
+    tfresh.load_state_dict(topt.state_dict())
+    fresh.load_state_dict(opt.state_dict())  # accepted, as torch accepts it
+    assert "momentum_buffer" not in fresh.state[params["w"]]
+    with pytest.raises(KeyError):
+        _torch_step(tfresh, tparams)
+    fresh.zero_grad()
+    lucid.backward(loss_jax, params)
+    before = _snapshot(fresh, params)
+    with pytest.raises(KeyError, match="momentum_buffer"):
+        fresh.step()
+    _assert_unchanged(before, _snapshot(fresh, params))

@@ -379,7 +379,7 @@ def _corrupt(sd, how):
     elif how == "shape":
         sd["state"][1]["exp_avg"] = np.zeros((4, 4))
     elif how == "missing-state":
-        del sd["state"][0]["max_exp_avg_sq"]
+        del sd["state"][0]["exp_avg"]
     elif how == "unknown-state":
         sd["state"][0]["velocity"] = np.zeros(3)
     elif how == "missing-key":
@@ -474,8 +474,19 @@ def test_constructor_errors(make, error, match):
 
 
 def test_differentiable_keyword_fails_identically_for_functional_and_shell():
-    with pytest.raises(ValueError, match="differentiable"):
+    with pytest.raises(ValueError, match="differentiable") as functional_error:
         lucid.functional.adam(differentiable=True)
+    w = lucid.Parameter(jnp.ones(2))
+    with pytest.raises(ValueError, match="differentiable") as shell_error:
+        lucid.optim.Adam([w], differentiable=True)
+    assert str(shell_error.value) == str(functional_error.value)
+    opt = lucid.optim.Adam([w])
+    opt.param_groups[0]["differentiable"] = True  # set by hand: refused at the step
+    w.grad = jnp.ones(2)
+    with pytest.raises(ValueError, match="differentiable") as step_error:
+        opt.step()
+    assert str(step_error.value) == str(functional_error.value)
+    np.testing.assert_array_equal(np.asarray(w.data), np.ones(2))
 
 
 @pytest.mark.parametrize(

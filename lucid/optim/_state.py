@@ -86,7 +86,9 @@ def load_entry(
     required = {
         name
         for name, value in zip(probe._fields, probe)
-        if value is not None and name not in rule.hidden
+        # an optional field may be missing, as torch loads it: a state made while its
+        # option was off raises torch's KeyError at the next step (resume_leaf)
+        if value is not None and name not in rule.hidden and name not in rule.optional
     }
     missing = required - set(saved)
     if missing:
