@@ -1,0 +1,74 @@
+"""A whole training iteration (forward, backward, update) over many small tensors.
+
+    PYTHONPATH=. python benchmarks/bench_whole_iteration.py [--sets many_small,gpt2_small]
+
+The loss is trivial, ``sum(p * c)`` over every parameter (its gradient is ``c``), so
+what is measured is lucid's machinery around a model: ``lucid.backward`` + the
+compiled step, and ``fused_step``. ms per iteration, synchronised (median) and
+pipelined (mean), as the other benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shapes as shape_sets
+from _timing import jax_sync, measure, measure_pipelined
+
+import lucid
+
+
+def loss_fn(params, consts):
+    return sum(jnp.vdot(p, c) for p, c in zip(params, consts))
+
+
+def run(set_name: str, mode: str, repeats: int) -> tuple[float, float]:
+    shapes = shape_sets.SETS[set_name]()
+    key = jax.random.PRNGKey(0)
+    params = [
+        lucid.Parameter(jax.random.normal(jax.random.fold_in(key, i), s) * 0.01)
+        for i, s in enumerate(shapes)
+    ]
+    consts = [jnp.full(s, 1e-3, jnp.float32) for s in shapes]
+    opt = lucid.optim.Adam(params, lr=1e-3)
+    buffer = lambda: params[-1].location[0].buffer  # noqa: E731
+    if mode == "fused":
+        fused = lucid.optim.fused_step(loss_fn, opt)
+
+        def step():
+            fused(params, consts)
+            return buffer()
+    else:
+        lucid.compile_optimizer(opt)
+
+        def step():
+            opt.zero_grad()
+            lucid.backward(loss_fn, params, consts)
+            opt.step()
+            return buffer()
+
+    timing = measure(step, jax_sync, warmup=3, repeats=repeats)
+    return timing.median_ms, measure_pipelined(step, jax_sync, repeats=repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", default="many_small,gpt2_small")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    print(f"jax {jax.__version__}, {jax.devices()[0]}")
+    print(f"{'set':11s} {'loop':22s} {'ms/iter':>8s} {'pipelined':>9s}")
+    for set_name in args.sets.split(","):
+        for mode in ("backward+compiled", "fused"):
+            ms, pipelined = run(set_name, mode, args.repeats)
+            print(f"{set_name:11s} {mode:22s} {ms:8.3f} {pipelined:9.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
