@@ -2,8 +2,8 @@
 
 :func:`partition` splits ``(tree, args, kwargs)`` into traced inputs (the
 buffer of every :class:`~lucid._storage.Storage` a Parameter lives in, and
-plain arrays) and a hashable static part; :func:`rebuild` puts the tree back
-together from the storages' per-parameter views inside a trace. Both
+plain arrays) and a hashable static part; :func:`rebuild_from_views` puts the
+tree back together from the storages' per-parameter views inside a trace. Both
 :func:`backward` and the compiled optimizer's fused step use this pair, so a
 loss function sees the same arrays however its parameters are stored.
 """
@@ -64,22 +64,6 @@ def partition(tree: Any, args: tuple, kwargs: dict) -> Traced:
     arrays = [x for x, kind in zip(leaves, kinds) if kind[0] == "array"]
     static = (treedef, tuple(kinds), static_leaves, layouts)
     return Traced([s.buffer for s in storages], arrays, static, storages)
-
-
-def rebuild(static: tuple, buffers: list, arrays: list) -> tuple[Any, tuple, dict]:
-    """``(tree, args, kwargs)`` with each Parameter replaced by its view of its buffer."""
-    treedef, kinds, static_leaves, layouts = static
-    views = [views_of(buffer, layout) for buffer, layout in zip(buffers, layouts)]
-    array_it, other_it = iter(arrays), iter(static_leaves)
-    leaves = []
-    for kind in kinds:
-        if kind[0] == "param":
-            leaves.append(views[kind[1]][kind[2]])
-        elif kind[0] == "array":
-            leaves.append(next(array_it))
-        else:
-            leaves.append(next(other_it))
-    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def present_mask(static: tuple, position: int, size: int) -> np.ndarray:
