@@ -551,3 +551,20 @@ def test_sparse_adam_shell_takes_dense_and_bcoo_grads_like_torch():
     chex.assert_trees_all_close(
         sd["state"][0]["exp_avg_sq"], tsd["state"][0]["exp_avg_sq"].numpy(), rtol=1e-10
     )
+
+
+def test_adamw_load_makes_weight_decay_decoupled_again_as_torch():
+    init = problem()
+    params, tparams = _lucid_params(init), _torch_params(init)
+    opt = lucid.optim.AdamW(list(params.values()), lr=0.01)
+    topt = torch.optim.AdamW(list(tparams.values()), lr=0.01)
+    for o in (opt, topt):
+        o.param_groups[0]["decoupled_weight_decay"] = False
+    sd, tsd = opt.state_dict(), topt.state_dict()
+    assert sd["param_groups"][0]["decoupled_weight_decay"] is False
+    fresh = lucid.optim.AdamW(list(params.values()), lr=0.01)
+    tfresh = torch.optim.AdamW(list(tparams.values()), lr=0.01)
+    fresh.load_state_dict(sd)
+    tfresh.load_state_dict(tsd)
+    assert fresh.param_groups[0]["decoupled_weight_decay"] is True
+    assert fresh.state_dict()["param_groups"] == tfresh.state_dict()["param_groups"]

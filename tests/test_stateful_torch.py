@@ -305,7 +305,8 @@ class TorchParityMachine(RuleBasedStateMachine):
         """Whether torch's own constructor would refuse some group's current options."""
         for s in self.slots.values():
             for group in s.topt.param_groups:
-                options = {k: v for k, v in group.items() if k in s.topt.defaults}
+                accepted = inspect.signature(type(s.topt)).parameters
+                options = {k: v for k, v in group.items() if k in accepted and k != "params"}
                 try:
                     type(s.topt)([torch.zeros(1, requires_grad=True)], **options)
                 except ValueError:

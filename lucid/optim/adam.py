@@ -60,3 +60,8 @@ class AdamW(Optimizer):
         options = options_of(locals())
         options["betas"] = tuple(betas) if isinstance(betas, list | tuple) else betas
         super().__init__(params, {**options, "decoupled_weight_decay": True})
+
+    def groups_loaded(self) -> None:
+        """As torch's AdamW, a load makes every group's weight decay decoupled again."""
+        for group in self.param_groups:
+            group["decoupled_weight_decay"] = True

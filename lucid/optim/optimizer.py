@@ -312,6 +312,7 @@ class Optimizer:
         for group, new in zip(self.param_groups, groups):
             group.clear()
             group.update(new)
+        self.groups_loaded()
         self._backend.load(states)
         for post_hook in list(self._load_state_dict_post_hooks.values()):
             post_hook(self)
@@ -352,6 +353,9 @@ class Optimizer:
             if state is not None:
                 new_states[p] = state
         return new_groups, new_states
+
+    def groups_loaded(self) -> None:
+        """Per-class fix-ups of the groups right after a load (torch's ``__setstate__``)."""
 
     def import_state(self, group: Mapping[str, Any], p: Parameter, saved: Any, key: Any) -> Any:
         """One parameter's saved entry as its state (``None`` for an empty entry).
