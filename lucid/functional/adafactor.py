@@ -201,7 +201,7 @@ def adafactor(
     Raises:
       ValueError: torch's message for an invalid value.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, optax, lucid.functional as LF
       >>> params = {"w": jnp.ones((2, 3)), "b": jnp.ones(3)}
       >>> tx = LF.adafactor(lr=1e-2)

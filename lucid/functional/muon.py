@@ -73,7 +73,7 @@ def orthogonalize(
     Returns:
       The orthogonalized matrix, in ``dtype``, shaped as ``update``.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp
       >>> from lucid.functional.muon import orthogonalize
       >>> o = orthogonalize(jnp.eye(2) * 3.0, (3.4445, -4.7750, 2.0315), 5, 1e-7)
@@ -229,7 +229,7 @@ def muon(
         coefficients that are not three; ``init`` raises torch's error for a
         parameter that is not 2-D.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, optax, lucid.functional as LF
       >>> params = {"w": jnp.ones((4, 2))}
       >>> tx = LF.muon(lr=0.02, weight_decay=0.0)

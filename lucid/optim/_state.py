@@ -155,7 +155,7 @@ def to_torch(state_dict: Any) -> Any:
     ``torch.load(..., weights_only=True)`` reads back, and what a torch optimizer's
     ``load_state_dict`` takes. Needs torch installed.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> opt = lucid.optim.Adam([lucid.Parameter(jnp.zeros(2))])
       >>> sd = lucid.optim.to_torch(opt.state_dict())

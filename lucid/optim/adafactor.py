@@ -15,7 +15,7 @@ class Adafactor(Optimizer):
     keepdim shapes), vectors keep ``variance``; every state holds a float32 ``step``.
     ``foreach`` is accepted and ignored.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> w = lucid.Parameter(jnp.ones((2, 3)))
       >>> opt = lucid.optim.Adafactor([w], lr=1e-2)

@@ -17,7 +17,7 @@ class Muon(Optimizer):
     non-2-D gradient (a parameter added later with ``add_param_group``) before
     anything changes. The state holds torch's ``momentum_buffer``.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, lucid
       >>> w = lucid.Parameter(jnp.ones((4, 2)))
       >>> opt = lucid.optim.Muon([w], lr=0.02)
