@@ -150,7 +150,8 @@ def test_float64_transform_matches_numpy_for_one_hand_checked_step():
 @pytest.mark.parametrize("case", ONE_PER_OPTIMIZER, ids=case_id)
 def test_state_can_be_donated_to_a_jitted_step(case):
     """No two state leaves may share a buffer, or XLA refuses the donation: every
-    donated buffer is consumed, and the numbers equal the same step without donation."""
+    donated buffer is consumed, and the numbers are the same step's without donation
+    (to float32 rounding)."""
     name, options = case
     tx = functional(name)(**options)
     params = _params(jnp.float32)
@@ -164,4 +165,5 @@ def test_state_can_be_donated_to_a_jitted_step(case):
         params, state = step(params, state)
     assert all(x.is_deleted() for x in donated), "a donated buffer was not consumed"
     params, state = step(params, state)
-    chex.assert_trees_all_equal((params, state), expected)
+    # the same math; older XLA fuses a donated program differently: an ulp of the largest value
+    chex.assert_trees_all_close((params, state), expected, rtol=1e-6, atol=1e-7)
