@@ -64,7 +64,8 @@ def probe(name: str, hlo_dir: str) -> None:
     step_pipe = timed(lambda: (opt.step(), bucket.store.values)[1], sync=False)
     start = time.perf_counter()
     for _ in range(200):
-        plans, h32, h64 = compiled._hyper(compiled._buckets, bucket.domain)
+        groups = compiled._group_hyper(compiled._buckets)
+        plans, h32, h64 = compiled._hyper(compiled._buckets, bucket.domain, groups)
     host_us = 1e6 * (time.perf_counter() - start) / 200
     run = next(fn for key, fn in compiled._executables.items() if key[1] == plans)
     box = {}

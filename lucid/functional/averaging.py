@@ -48,6 +48,25 @@ def swa_weight(n_averaged: Any) -> Any:
     return 1 / (n_averaged + 1)
 
 
+def swa_fold(averaged: jax.Array, current: jax.Array, n_averaged: Any) -> jax.Array:
+    """One SWA update: ``avg + (current - avg) / (n + 1)`` (torch's ``get_swa_avg_fn``)."""
+    return averaged + (current - averaged) / (jnp.asarray(n_averaged, averaged.dtype) + 1)
+
+
+def swa_lerp_fold(averaged: jax.Array, current: jax.Array, n_averaged: Any) -> jax.Array:
+    """One SWA update as torch's ``get_swa_multi_avg_fn``: ``lerp(avg, current, 1/(n+1))``."""
+    return lerp(averaged, current, swa_weight(jnp.asarray(n_averaged, averaged.dtype)))
+
+
+def ema_fold(decay: float) -> Callable[[jax.Array, jax.Array, Any], jax.Array]:
+    """One EMA update, ``lerp(ema, current, 1 - decay)`` (torch's ``get_ema_multi_avg_fn``)."""
+
+    def fold(averaged: jax.Array, current: jax.Array, n_averaged: Any = None) -> jax.Array:
+        return lerp(averaged, current, jnp.asarray(1.0 - decay, averaged.dtype))
+
+    return fold
+
+
 def check_decay(decay: float) -> None:
     """torch's check of an EMA decay.
 
@@ -70,7 +89,7 @@ def _averager(fold: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]) -> A
 
         def one(avg: jax.Array, cur: jax.Array) -> jax.Array:
             cur = cur.astype(avg.dtype)
-            return jnp.where(n == 0, cur, fold(avg, cur, n.astype(avg.dtype)))
+            return jnp.where(n == 0, cur, fold(avg, cur, n))
 
         averaged = jax.tree_util.tree_map(one, state.averaged, params)
         return AveragerState(averaged, n + 1)
@@ -93,7 +112,7 @@ def swa() -> Averager:
       >>> state.averaged.tolist(), int(state.n_averaged)
       ([2.0, 3.0], 2)
     """
-    return _averager(lambda avg, cur, n: avg + (cur - avg) / (n + 1))
+    return _averager(swa_fold)
 
 
 def ema(decay: float = 0.999) -> Averager:
@@ -118,4 +137,4 @@ def ema(decay: float = 0.999) -> Averager:
       [2.0]
     """
     check_decay(decay)
-    return _averager(lambda avg, cur, n: lerp(avg, cur, jnp.asarray(1.0 - decay, avg.dtype)))
+    return _averager(ema_fold(decay))

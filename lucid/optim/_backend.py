@@ -32,7 +32,7 @@ from ..functional._rule import (
     hyper_values,
     is_sparse,
 )
-from ._state import begin
+from ._state import begin, packed_hyper
 
 
 class Backend(Protocol):
@@ -79,8 +79,7 @@ def _group_step(rule: Rule, flags: tuple[tuple[str, Any], ...], names: tuple[str
 def start_hyper(optimizer: OptimizerView, group: dict[str, Any]) -> dict[str, float]:
     """The packed hyper-parameters a new state is made from (torch: the group's values
     at the first step, except where an optimizer says otherwise)."""
-    names, values, _ = hyper_values(optimizer.rule, optimizer.state_options(group))
-    return dict(zip(names, values))
+    return packed_hyper(optimizer.rule, optimizer.state_options(group))
 
 
 class EagerBackend:

@@ -151,11 +151,12 @@ class CompiledBackend:
             group = self.optimizer.param_groups[bucket.group]
             for index, grad in sparse.items():
                 check_sparse_grad(self.rule, group, grad, bucket.store.params[index].shape)
-        states = self._begin(active)
+        groups = self._group_hyper(active)
+        states = self._begin(active, groups)
         # [Step 3] one executable per device domain
         for domain, members in _by_domain(active):
             buckets = [active[i] for i in members]
-            plans, hyper32, hyper64 = self._hyper(buckets, domain)
+            plans, hyper32, hyper64 = self._hyper(buckets, domain, groups)
             key = ("step", plans, tuple(jax.tree_util.tree_structure(states[i]) for i in members))
             run = self._executable(key, lambda plans=plans: _step_function(self.rule, plans))
             values, new_states = run(
@@ -193,8 +194,9 @@ class CompiledBackend:
             for i, s in enumerate(traced.storages)
         )
         consts = [b for s, b in zip(sources, traced.buffers) if s[0] == "const"]
-        states = self._begin(self._buckets)
-        plans, hyper32, hyper64 = self._hyper(self._buckets, next(iter(domains), None))
+        groups = self._group_hyper(self._buckets)
+        states = self._begin(self._buckets, groups)
+        plans, hyper32, hyper64 = self._hyper(self._buckets, next(iter(domains), None), groups)
         order = self._parameter_order() if grad_transform is not None else ()
         structure = (traced.static, sources, tuple(b.store.layout for b in self._buckets), order)
         key = (
@@ -402,12 +404,17 @@ class CompiledBackend:
         self._build(self._entries(states))
 
     # ------------------------------------------------------------ running
-    def _begin(self, buckets: list[_Bucket]) -> list[Any]:
+    def _group_hyper(self, buckets: list[_Bucket]) -> dict[int, tuple]:
+        """``hyper_values`` of each group these buckets belong to, read once per step."""
+        groups = self.optimizer.param_groups
+        return {g: hyper_values(self.rule, groups[g]) for g in {b.group for b in buckets}}
+
+    def _begin(self, buckets: list[_Bucket], groups: dict[int, tuple]) -> list[Any]:
         """Each bucket's state for this step (:func:`lucid.optim._state.begin`)."""
         states = []
         for bucket in buckets:
             group = self.optimizer.param_groups[bucket.group]
-            _, flags = self.rule.split(group)
+            flags = groups[bucket.group][2]
             start = start_hyper(self.optimizer, group) if bucket.state is None else {}
             store = bucket.store
             creates = bucket.state is None or self.rule.start_optional is not None
@@ -415,13 +422,13 @@ class CompiledBackend:
             states.append(begin(self.rule, flags, start, bucket.state, template))
         return states
 
-    def _hyper(self, buckets: list[_Bucket], domain: Any) -> tuple[tuple[_Plan, ...], Any, Any]:
+    def _hyper(
+        self, buckets: list[_Bucket], domain: Any, groups: dict[int, tuple]
+    ) -> tuple[tuple[_Plan, ...], Any, Any]:
         """The buckets' hyper-parameters as one float32 (and one float64) vector."""
         plans, narrow, wide = [], [], []
         for bucket in buckets:
-            names, values, flags = hyper_values(
-                self.rule, self.optimizer.param_groups[bucket.group]
-            )
+            names, values, flags = groups[bucket.group]
             store = bucket.store
             is_wide = store.wide
             target = wide if is_wide else narrow

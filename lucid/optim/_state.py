@@ -23,7 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._arrays import is_torch_tensor, numpy_to_torch, torch_to_numpy
-from ..functional._rule import Rule, check_complex, compute_dtype, init_leaf, resume_leaf
+from ..functional._rule import (
+    Rule,
+    check_complex,
+    compute_dtype,
+    hyper_values,
+    init_leaf,
+    resume_leaf,
+)
 
 Array = jax.Array
 
@@ -81,7 +88,7 @@ def load_entry(
         )
     _, flags = rule.split(options)
     probe = jax.eval_shape(
-        lambda: init_leaf(rule, flags, _zero_hyper(rule, options), jnp.zeros(shape, dtype))
+        lambda: init_leaf(rule, flags, packed_hyper(rule, options), jnp.zeros(shape, dtype))
     )
     required = {
         name
@@ -130,9 +137,8 @@ def _host_or_global(value: Any) -> Any:
     return np.asarray(value)
 
 
-def _zero_hyper(rule: Rule, options: Mapping[str, Any]) -> dict[str, float]:
-    from ..functional._rule import hyper_values
-
+def packed_hyper(rule: Rule, options: Mapping[str, Any]) -> dict[str, float]:
+    """A group's packed hyper-parameters by name, as ``init`` takes them."""
     names, values, _ = hyper_values(rule, options)
     return dict(zip(names, values))
 

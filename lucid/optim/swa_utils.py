@@ -22,8 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._parameter import Parameter
-from ..functional._math import lerp
-from ..functional.averaging import check_decay, swa_weight
+from ..functional.averaging import check_decay, ema_fold, swa_fold, swa_lerp_fold
 from ._schedulers.base import LRScheduler, per_group
 
 Array = jax.Array
@@ -48,8 +47,10 @@ def get_ema_multi_avg_fn(decay: float = 0.999) -> MultiAvgFn:
     """
     check_decay(decay)
 
+    fold = ema_fold(decay)
+
     def ema_update(ema: list[Array], current: list[Array], _: Any) -> list[Array]:
-        return [lerp(e, c, jnp.asarray(1 - decay, e.dtype)) for e, c in zip(ema, current)]
+        return [fold(e, c) for e, c in zip(ema, current)]
 
     return ema_update
 
@@ -58,7 +59,7 @@ def get_swa_multi_avg_fn() -> MultiAvgFn:
     """torch's SWA over lists: ``lerp(avg, current, 1 / (n + 1))``; returns the new list."""
 
     def swa_update(averaged: list[Array], current: list[Array], n: Array) -> list[Array]:
-        return [lerp(a, c, swa_weight(jnp.asarray(n, a.dtype))) for a, c in zip(averaged, current)]
+        return [swa_lerp_fold(a, c, n) for a, c in zip(averaged, current)]
 
     return swa_update
 
@@ -80,10 +81,7 @@ def get_ema_avg_fn(decay: float = 0.999) -> AvgFn:
 def get_swa_avg_fn() -> AvgFn:
     """torch's single-array SWA: ``avg + (current - avg) / (n + 1)``."""
 
-    def swa_update(averaged: Array, current: Array, n: Any) -> Array:
-        return averaged + (current - averaged) / (jnp.asarray(n, averaged.dtype) + 1)
-
-    return swa_update
+    return swa_fold
 
 
 def _is_parameter(x: Any) -> bool:
