@@ -128,6 +128,30 @@ def run_lucid(
     return {k: np.asarray(v) for k, v in params.items()}, state
 
 
+def error_of(make: Callable[[], Any]) -> tuple[type, str] | None:
+    """``(exception type, message)`` of the ValueError/TypeError ``make()`` raises, or None."""
+    try:
+        make()
+    except (ValueError, TypeError) as error:
+        return type(error), str(error)
+    return None
+
+
+def assert_signature_is_torchs(cls: type, torch_cls: type, factory: Callable) -> None:
+    """The class's and the functional factory's keywords, kinds and defaults are torch's."""
+    import inspect
+
+    ours = inspect.signature(cls.__init__).parameters
+    theirs = inspect.signature(torch_cls.__init__).parameters
+    fn = inspect.signature(factory).parameters
+    assert list(ours) == list(theirs)
+    for name in theirs:
+        if name in ("self", "params"):
+            continue
+        assert (ours[name].kind, ours[name].default) == (theirs[name].kind, theirs[name].default)
+        assert (fn[name].kind, fn[name].default) == (theirs[name].kind, theirs[name].default)
+
+
 def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     """Max elementwise error relative to the expected array's scale."""
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)

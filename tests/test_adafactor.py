@@ -5,13 +5,11 @@ in the compiled step and in checkpoints that move both ways."""
 
 from __future__ import annotations
 
-import inspect
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from oracle import F64_RTOL, relative_error, to_numpy
+from oracle import F64_RTOL, assert_signature_is_torchs, error_of, relative_error, to_numpy
 
 import lucid
 from lucid.functional import adafactor
@@ -20,23 +18,7 @@ from lucid.optim._compiled import CompiledBackend
 
 
 def test_signatures_are_torchs():
-    cls = inspect.signature(lucid.optim.Adafactor.__init__).parameters
-    theirs = inspect.signature(torch.optim.Adafactor.__init__).parameters
-    fn = inspect.signature(adafactor).parameters
-    assert list(cls) == list(theirs)
-    for name in theirs:
-        if name in ("self", "params"):
-            continue
-        assert (cls[name].kind, cls[name].default) == (theirs[name].kind, theirs[name].default)
-        assert (fn[name].kind, fn[name].default) == (theirs[name].kind, theirs[name].default)
-
-
-def _error(make):
-    try:
-        make()
-    except (ValueError, TypeError) as error:
-        return type(error), str(error)
-    return None
+    assert_signature_is_torchs(lucid.optim.Adafactor, torch.optim.Adafactor, adafactor)
 
 
 @pytest.mark.parametrize(
@@ -58,12 +40,12 @@ def _error(make):
     ids=str,
 )
 def test_construction_refuses_what_torch_refuses(options):
-    expected = _error(
+    expected = error_of(
         lambda: torch.optim.Adafactor([torch.zeros(2, requires_grad=True)], **options)
     )
-    shell = _error(lambda: lucid.optim.Adafactor([lucid.Parameter(jnp.zeros(2))], **options))
+    shell = error_of(lambda: lucid.optim.Adafactor([lucid.Parameter(jnp.zeros(2))], **options))
     assert shell == expected
-    assert _error(lambda: adafactor(**options)) == expected
+    assert error_of(lambda: adafactor(**options)) == expected
 
 
 # -------------------------------------------- parameters of every rank

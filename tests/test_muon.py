@@ -38,7 +38,14 @@ import optax
 import pytest
 import torch
 import torch.optim._muon as torch_muon
-from oracle import F64_RTOL, relative_error, to_numpy, torch_default_dtype
+from oracle import (
+    F64_RTOL,
+    assert_signature_is_torchs,
+    error_of,
+    relative_error,
+    to_numpy,
+    torch_default_dtype,
+)
 
 import lucid
 from lucid.functional._rule import transform
@@ -288,23 +295,7 @@ def test_bfloat16_muon_float32_matches_torch_within_the_ulp_budget(options):
 
 
 def test_signatures_are_torchs():
-    cls = inspect.signature(lucid.optim.Muon.__init__).parameters
-    theirs = inspect.signature(torch.optim.Muon.__init__).parameters
-    fn = inspect.signature(muon).parameters
-    assert list(cls) == list(theirs)
-    for name in theirs:
-        if name in ("self", "params"):
-            continue
-        assert (cls[name].kind, cls[name].default) == (theirs[name].kind, theirs[name].default)
-        assert (fn[name].kind, fn[name].default) == (theirs[name].kind, theirs[name].default)
-
-
-def _error(make):
-    try:
-        make()
-    except (ValueError, TypeError) as error:
-        return type(error), str(error)
-    return None
+    assert_signature_is_torchs(lucid.optim.Muon, torch.optim.Muon, muon)
 
 
 @pytest.mark.parametrize(
@@ -323,12 +314,14 @@ def _error(make):
     ids=str,
 )
 def test_construction_refuses_what_torch_refuses(options):
-    expected = _error(lambda: torch.optim.Muon([torch.zeros(2, 2, requires_grad=True)], **options))
-    assert _error(lambda: lucid.optim.Muon([lucid.Parameter(jnp.zeros((2, 2)))], **options)) == (
+    expected = error_of(
+        lambda: torch.optim.Muon([torch.zeros(2, 2, requires_grad=True)], **options)
+    )
+    assert error_of(lambda: lucid.optim.Muon([lucid.Parameter(jnp.zeros((2, 2)))], **options)) == (
         expected
     )
     if expected is not None:
-        assert _error(lambda: muon(**options)) == expected
+        assert error_of(lambda: muon(**options)) == expected
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import torch
 from cases import functional
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracle import error_of
 
 import lucid
 
@@ -63,24 +64,16 @@ HYPERS = {
 }
 
 
-def _error(make):
-    try:
-        make()
-    except (ValueError, TypeError) as error:
-        return type(error), str(error)
-    return None
-
-
 @pytest.mark.parametrize("name", sorted(HYPERS))
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_lucid_refuses_exactly_what_torch_refuses(name, data):
     options = data.draw(st.fixed_dictionaries({}, optional=HYPERS[name]))
-    expected = _error(
+    expected = error_of(
         lambda: getattr(torch.optim, name)([torch.zeros(2, requires_grad=True)], **options)
     )
-    assert _error(lambda: functional(name)(**options)) == expected
-    shell = _error(lambda: getattr(lucid.optim, name)([lucid.Parameter(jnp.zeros(2))], **options))
+    assert error_of(lambda: functional(name)(**options)) == expected
+    shell = error_of(lambda: getattr(lucid.optim, name)([lucid.Parameter(jnp.zeros(2))], **options))
     assert shell == expected
 
 
