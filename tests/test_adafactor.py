@@ -9,16 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from oracle import F64_RTOL, assert_signature_is_torchs, error_of, relative_error, to_numpy
+from oracle import F64_RTOL, error_of, relative_error, to_numpy
 
 import lucid
 from lucid.functional import adafactor
 from lucid.functional.adafactor import ADAFACTOR
 from lucid.optim._compiled import CompiledBackend
-
-
-def test_signatures_are_torchs():
-    assert_signature_is_torchs(lucid.optim.Adafactor, torch.optim.Adafactor, adafactor)
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,6 @@ import torch
 import torch.optim._muon as torch_muon
 from oracle import (
     F64_RTOL,
-    assert_signature_is_torchs,
     error_of,
     relative_error,
     to_numpy,
@@ -292,10 +291,6 @@ def test_bfloat16_muon_float32_matches_torch_within_the_ulp_budget(options):
 
 
 # ------------------------------------------------- API, validation, checkpoints
-
-
-def test_signatures_are_torchs():
-    assert_signature_is_torchs(lucid.optim.Muon, torch.optim.Muon, muon)
 
 
 @pytest.mark.parametrize(

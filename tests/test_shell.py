@@ -3,7 +3,6 @@ closures, edited hyper-parameters, checkpoints both ways, and error paths."""
 
 from __future__ import annotations
 
-import inspect
 import pickle
 import subprocess
 import sys
@@ -14,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from cases import functional
 from oracle import count_compiles, loss_jax, loss_torch, problem
 
 import lucid
@@ -487,35 +485,6 @@ def test_differentiable_keyword_fails_identically_for_functional_and_shell():
         opt.step()
     assert str(step_error.value) == str(functional_error.value)
     np.testing.assert_array_equal(np.asarray(w.data), np.ones(2))
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "SGD",
-        "Adam",
-        "AdamW",
-        "RMSprop",
-        "Adagrad",
-        "Adadelta",
-        "Adamax",
-        "RAdam",
-        "NAdam",
-        "ASGD",
-        "Rprop",
-        "SparseAdam",
-        "LBFGS",
-    ],
-)
-def test_class_signature_is_the_functional_signature_plus_params(name):
-    cls_sig = inspect.signature(getattr(lucid.optim, name).__init__)
-    fn_sig = inspect.signature(functional(name))
-    cls_params = [p for p in cls_sig.parameters.values() if p.name not in ("self", "params")]
-    assert [(p.name, p.kind, p.default) for p in cls_params] == [
-        (p.name, p.kind, p.default) for p in fn_sig.parameters.values()
-    ]
-    torch_sig = inspect.signature(getattr(torch.optim, name).__init__)
-    assert [p.name for p in cls_sig.parameters.values()] == list(torch_sig.parameters)
 
 
 def test_sparse_adam_shell_takes_dense_and_bcoo_grads_like_torch():

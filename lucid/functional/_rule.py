@@ -8,7 +8,7 @@ Everything above it -- the optax transform over a pytree, the stateful
 * ``hyper`` holds the float hyper-parameters as 0-d arrays in the *compute
   dtype* (float64 for float64 parameters, float32 otherwise), already resolved
   for this step, with ``one_minus_<name>`` for every name in
-  :attr:`Rule.complements` (``1 - beta`` computed in double precision on the
+  ``Rule.complements`` (``1 - beta`` computed in double precision on the
   host whenever the value is a Python number, as torch does);
 * ``flags`` are static options (``amsgrad``, ``maximize``, ...): a change of
   flag is a change of program;
@@ -124,7 +124,7 @@ class Rule:
         _validate.hypers(self.split(options)[0], schedules=schedules)
 
     def check_step(self, options: Options) -> None:
-        """:meth:`check`, and the checks torch makes only when stepping."""
+        """``check``, and the checks torch makes only when stepping."""
         self.check(options)
         if self.check_at_step is not None:
             self.check_at_step(options)
@@ -228,7 +228,7 @@ def _as_real(x: Array) -> Array:
 
 
 def _as_complex(x: Array, dtype: Any) -> Array:
-    """The inverse of :func:`_as_real`."""
+    """The inverse of ``_as_real``."""
     return jax.lax.complex(x[..., 0], x[..., 1]).astype(dtype)
 
 

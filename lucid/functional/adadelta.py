@@ -21,10 +21,23 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from . import _validate
-from ._rule import Rule, is_number, is_zero, transform
+from ._rule import Rule, is_number, is_zero
+from ._signature import (
+    CAPTURABLE,
+    DIFFERENTIABLE,
+    FOREACH,
+    KEYWORD_ONLY,
+    MAXIMIZE,
+    Arg,
+    Example,
+    Signature,
+    eps,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class AdadeltaState(NamedTuple):
@@ -80,17 +93,34 @@ ADADELTA = Rule(
 )
 
 
-def adadelta(
-    lr: Any = 1.0,
-    rho: Any = 0.9,
-    eps: Any = 1e-6,
-    weight_decay: Any = 0,
-    foreach: bool | None = None,
-    *,
-    capturable: bool = False,
-    maximize: bool = False,
-    differentiable: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.Adadelta`` as an optax transformation (``foreach`` and
-    ``capturable`` are accepted and ignored)."""
-    return transform(ADADELTA, locals())
+ADADELTA_SIGNATURE = Signature(
+    "Adadelta",
+    (
+        lr(1.0),
+        Arg(
+            "rho",
+            0.9,
+            Any,
+            "ρ: decay rate of the averages of the squared gradient (v) "
+            "and of the squared update (u).",
+        ),
+        eps(1e-6, "inside both square roots"),
+        weight_decay(0),
+        FOREACH,
+        KEYWORD_ONLY,
+        CAPTURABLE,
+        MAXIMIZE,
+        DIFFERENTIABLE,
+    ),
+    Example(
+        "lr=1.0", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.99679995, -1.9968    ], dtype=float32)"
+    ),
+)
+
+adadelta = transform_of(
+    ADADELTA,
+    ADADELTA_SIGNATURE,
+    "adadelta",
+    "`torch.optim.Adadelta` as an optax transformation.",
+    "AdadeltaState",
+)

@@ -42,10 +42,20 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from ._math import lerp
-from ._rule import Rule, is_number, is_zero, transform
+from ._rule import Rule, is_number, is_zero
+from ._signature import (
+    FOREACH,
+    KEYWORD_ONLY,
+    MAXIMIZE,
+    Arg,
+    Example,
+    Signature,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class AdafactorState(NamedTuple):
@@ -170,36 +180,41 @@ ADAFACTOR = Rule(
 )
 
 
-def adafactor(
-    lr: Any = 1e-2,
-    beta2_decay: Any = -0.8,
-    eps: tuple[Any, Any] = (None, 1e-3),
-    d: Any = 1.0,
-    weight_decay: Any = 0.0,
-    *,
-    foreach: bool | None = None,
-    maximize: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.Adafactor`` as an optax transformation.
+ADAFACTOR_SIGNATURE = Signature(
+    "Adafactor",
+    (
+        lr(
+            1e-2,
+            "γ, the cap of the relative step size `ρ_t = min(γ, 1/√t)`, and the "
+            "factor of the decoupled weight decay",
+        ),
+        Arg("beta2_decay", -0.8, Any, "τ in `β₂_t = 1 - t^τ` (at most 0)."),
+        Arg(
+            "eps",
+            (None, 1e-3),
+            tuple[Any, Any],
+            "(ε₁, ε₂): the floor of the "
+            "second-moment estimate (`None`: the parameter dtype's machine epsilon) and "
+            "of the parameter's RMS.",
+            convert=tuple,
+        ),
+        Arg("d", 1.0, Any, "the clipping threshold of the update's RMS (at least 1)."),
+        weight_decay(0.0, decoupled=True),
+        KEYWORD_ONLY,
+        FOREACH,
+        MAXIMIZE,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.8419, -1.8419], dtype=float32)"),
+)
 
-    Args:
-      lr: the cap of the relative step size ``rho_t = min(lr, 1/sqrt(t))``, and the
-        factor of the decoupled weight decay.
-      beta2_decay: ``tau`` in ``1 - beta2_t = t**tau`` (at most 0).
-      eps: ``(eps1, eps2)``: the floor of the second-moment estimate (``None``: the
-        parameter dtype's machine epsilon) and of the parameter's RMS.
-      d: the clipping threshold of the update's RMS (at least 1).
-      weight_decay: decoupled weight decay, ``p *= 1 - lr * weight_decay``.
-      foreach: accepted and ignored.
-      maximize: ascend instead of descend.
+adafactor = transform_of(
+    ADAFACTOR,
+    ADAFACTOR_SIGNATURE,
+    "adafactor",
+    """`torch.optim.Adafactor` as an optax transformation.
 
-    Returns:
-      An ``optax.GradientTransformation`` whose state is an :class:`AdafactorState`
-      (``row_var``/``col_var`` hold ``None`` at vector leaves, ``variance`` at
-      matrix leaves).
-
-    Raises:
-      ValueError: torch's message for an invalid value.
+    The state's `row_var`/`col_var` hold `None` at vector leaves and `variance` at matrix
+    leaves.
 
     Examples:
       >>> import jax.numpy as jnp, optax, lucid.functional as LF
@@ -209,6 +224,6 @@ def adafactor(
       >>> grads = {"w": jnp.full((2, 3), 0.5), "b": jnp.full(3, 0.5)}
       >>> updates, state = tx.update(grads, state, params)
       >>> [round(x, 4) for x in optax.apply_updates(params, updates)["b"].tolist()]
-      [0.99, 0.99, 0.99]
-    """
-    return transform(ADAFACTOR, {**locals(), "eps": tuple(eps)})
+      [0.99, 0.99, 0.99]""",
+    "AdafactorState",
+)

@@ -21,10 +21,23 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from . import _validate
-from ._rule import Rule, is_zero, transform
+from ._rule import Rule, is_zero
+from ._signature import (
+    DIFFERENTIABLE,
+    FOREACH,
+    FUSED,
+    KEYWORD_ONLY,
+    MAXIMIZE,
+    Arg,
+    Example,
+    Signature,
+    eps,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class AdagradState(NamedTuple):
@@ -107,18 +120,32 @@ ADAGRAD = Rule(
 )
 
 
-def adagrad(
-    lr: Any = 1e-2,
-    lr_decay: Any = 0,
-    weight_decay: Any = 0,
-    initial_accumulator_value: Any = 0,
-    eps: Any = 1e-10,
-    foreach: bool | None = None,
-    *,
-    maximize: bool = False,
-    differentiable: bool = False,
-    fused: bool | None = None,
-) -> optax.GradientTransformation:
-    """``torch.optim.Adagrad`` as an optax transformation (``foreach`` and
-    ``fused`` are accepted and ignored)."""
-    return transform(ADAGRAD, locals())
+ADAGRAD_SIGNATURE = Signature(
+    "Adagrad",
+    (
+        lr(1e-2),
+        Arg("lr_decay", 0, Any, "η: the step size decays as `γ / (1 + (t - 1) η)`."),
+        weight_decay(0),
+        Arg(
+            "initial_accumulator_value",
+            0,
+            Any,
+            "the value the sum of squared gradients (`sum`) starts from.",
+        ),
+        eps(1e-10, "to `√sum`"),
+        FOREACH,
+        KEYWORD_ONLY,
+        MAXIMIZE,
+        DIFFERENTIABLE,
+        FUSED,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)"),
+)
+
+adagrad = transform_of(
+    ADAGRAD,
+    ADAGRAD_SIGNATURE,
+    "adagrad",
+    "`torch.optim.Adagrad` as an optax transformation.",
+    "AdagradState",
+)

@@ -26,11 +26,27 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
 from ._math import one_minus_pow
-from ._rule import Rule, transform
+from ._rule import Rule
+from ._signature import (
+    CAPTURABLE,
+    DECOUPLED_WEIGHT_DECAY,
+    DIFFERENTIABLE,
+    FOREACH,
+    FUSED,
+    KEYWORD_ONLY,
+    MAXIMIZE,
+    Arg,
+    Example,
+    Signature,
+    betas,
+    eps,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class AdamState(NamedTuple):
@@ -92,37 +108,58 @@ ADAM = Rule(
 ADAMW = dataclasses.replace(ADAM, name="AdamW", validate=lambda o: validate_adam_family(o, "AdamW"))
 
 
-def adam(
-    lr: Any = 1e-3,
-    betas: tuple[Any, Any] = (0.9, 0.999),
-    eps: Any = 1e-8,
-    weight_decay: Any = 0,
-    amsgrad: bool = False,
-    *,
-    foreach: bool | None = None,
-    maximize: bool = False,
-    capturable: bool = False,
-    differentiable: bool = False,
-    fused: bool | None = None,
-    decoupled_weight_decay: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.Adam`` as an optax transformation (``foreach``, ``capturable``
-    and ``fused`` are accepted and ignored)."""
-    return transform(ADAM, locals())
+ADAM_SIGNATURE = Signature(
+    "Adam",
+    (
+        lr(1e-3),
+        betas(
+            (0.9, 0.999),
+            "(β₁, β₂): decay rates of the averages of the gradient (m) and of its square (v).",
+        ),
+        eps(1e-8, "to √v after its bias correction"),
+        weight_decay(0, decoupled=None),
+        Arg(
+            "amsgrad",
+            False,
+            bool,
+            "AMSGrad: divide by the running maximum of v (kept as "
+            "`max_exp_avg_sq`, before bias correction) instead of by v.",
+        ),
+        KEYWORD_ONLY,
+        FOREACH,
+        MAXIMIZE,
+        CAPTURABLE,
+        DIFFERENTIABLE,
+        FUSED,
+        DECOUPLED_WEIGHT_DECAY,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)"),
+)
+ADAMW_SIGNATURE = Signature(
+    "AdamW",
+    (
+        *ADAM_SIGNATURE.args[:3],
+        weight_decay(1e-2, decoupled=True),
+        ADAM_SIGNATURE.args[4],
+        KEYWORD_ONLY,
+        MAXIMIZE,
+        FOREACH,
+        CAPTURABLE,
+        DIFFERENTIABLE,
+        FUSED,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.899, -1.898], dtype=float32)"),
+    fixed={"decoupled_weight_decay": True},
+)
 
-
-def adamw(
-    lr: Any = 1e-3,
-    betas: tuple[Any, Any] = (0.9, 0.999),
-    eps: Any = 1e-8,
-    weight_decay: Any = 1e-2,
-    amsgrad: bool = False,
-    *,
-    maximize: bool = False,
-    foreach: bool | None = None,
-    capturable: bool = False,
-    differentiable: bool = False,
-    fused: bool | None = None,
-) -> optax.GradientTransformation:
-    """``torch.optim.AdamW``: Adam with decoupled weight decay (default 1e-2)."""
-    return transform(ADAMW, {**locals(), "decoupled_weight_decay": True})
+adam = transform_of(
+    ADAM, ADAM_SIGNATURE, "adam", "`torch.optim.Adam` as an optax transformation.", "AdamState"
+)
+adamw = transform_of(
+    ADAMW,
+    ADAMW_SIGNATURE,
+    "adamw",
+    "`torch.optim.AdamW` as an optax transformation: Adam with decoupled weight decay "
+    "(default 1e-2).",
+    "AdamState",
+)

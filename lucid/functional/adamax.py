@@ -20,11 +20,24 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from ._adam_family import decayed, split_adam_family, validate_adam_family
 from ._math import lerp, one_minus_pow
-from ._rule import Rule, transform
+from ._rule import Rule
+from ._signature import (
+    CAPTURABLE,
+    DIFFERENTIABLE,
+    FOREACH,
+    KEYWORD_ONLY,
+    MAXIMIZE,
+    Example,
+    Signature,
+    betas,
+    eps,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class AdamaxState(NamedTuple):
@@ -66,17 +79,29 @@ ADAMAX = Rule(
 )
 
 
-def adamax(
-    lr: Any = 2e-3,
-    betas: tuple[Any, Any] = (0.9, 0.999),
-    eps: Any = 1e-8,
-    weight_decay: Any = 0,
-    foreach: bool | None = None,
-    *,
-    maximize: bool = False,
-    differentiable: bool = False,
-    capturable: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.Adamax`` as an optax transformation (``foreach`` and
-    ``capturable`` are accepted and ignored)."""
-    return transform(ADAMAX, locals())
+ADAMAX_SIGNATURE = Signature(
+    "Adamax",
+    (
+        lr(2e-3),
+        betas(
+            (0.9, 0.999),
+            "(β₁, β₂): decay rates of the gradient's average (m) and of the infinity norm (u).",
+        ),
+        eps(1e-8, "to `|g|` inside the infinity norm"),
+        weight_decay(0),
+        FOREACH,
+        KEYWORD_ONLY,
+        MAXIMIZE,
+        DIFFERENTIABLE,
+        CAPTURABLE,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)"),
+)
+
+adamax = transform_of(
+    ADAMAX,
+    ADAMAX_SIGNATURE,
+    "adamax",
+    "`torch.optim.Adamax` as an optax transformation.",
+    "AdamaxState",
+)

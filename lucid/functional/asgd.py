@@ -24,10 +24,21 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from . import _validate
-from ._rule import Rule, is_zero, transform
+from ._rule import Rule, is_zero
+from ._signature import (
+    CAPTURABLE,
+    DIFFERENTIABLE,
+    FOREACH,
+    MAXIMIZE,
+    Arg,
+    Example,
+    Signature,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class ASGDState(NamedTuple):
@@ -95,18 +106,39 @@ ASGD = Rule(
 )
 
 
-def asgd(
-    lr: Any = 1e-2,
-    lambd: Any = 1e-4,
-    alpha: Any = 0.75,
-    t0: Any = 1e6,
-    weight_decay: Any = 0,
-    foreach: bool | None = None,
-    maximize: bool = False,
-    differentiable: bool = False,
-    capturable: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.ASGD`` as an optax transformation (``foreach`` and
-    ``capturable`` are accepted and ignored; torch has no keyword-only marker
-    here, so neither does this)."""
-    return transform(ASGD, locals())
+ASGD_SIGNATURE = Signature(
+    "ASGD",
+    (
+        lr(1e-2),
+        Arg(
+            "lambd",
+            1e-4,
+            Any,
+            "λ: decay term; each step scales the parameter by "
+            "`1 - λ η` and the step size `η` decays as `γ / (1 + λ γ t)^α`.",
+        ),
+        Arg("alpha", 0.75, Any, "α: power of the step size's decay."),
+        Arg(
+            "t0",
+            1e6,
+            Any,
+            "t₀: the step from which the average `ax` is taken "
+            "(before it, `ax` follows the parameter).",
+        ),
+        weight_decay(0),
+        FOREACH,
+        MAXIMIZE,
+        DIFFERENTIABLE,
+        CAPTURABLE,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.95, -1.9 ], dtype=float32)"),
+)
+
+asgd = transform_of(
+    ASGD,
+    ASGD_SIGNATURE,
+    "asgd",
+    "`torch.optim.ASGD` as an optax transformation (torch's signature has no "
+    "keyword-only marker, and neither has this one).",
+    "ASGDState",
+)

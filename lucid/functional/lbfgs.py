@@ -32,10 +32,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from . import _validate
-from ._rule import Rule, transform
+from ._rule import Rule
+from ._signature import Arg, Example, Signature, lr, transform_of
 
 # DESIGN.md's constants: the denominator's guard and the largest step multiplier.
 CURVATURE_EPS = 1e-10
@@ -103,18 +103,66 @@ LBFGS = Rule(
 )
 
 
-def lbfgs(
-    lr: Any = 1,
-    max_iter: int = 20,
-    max_eval: int | None = None,
-    tolerance_grad: float = 1e-7,
-    tolerance_change: float = 1e-9,
-    history_size: int = 100,
-    line_search_fn: str | None = None,
-) -> optax.GradientTransformation:
-    """``torch.optim.LBFGS``'s signature; the update is the per-element
-    Barzilai-Borwein step above. ``max_iter``, ``max_eval``, ``tolerance_grad``,
-    ``tolerance_change`` and ``history_size`` belong to the full algorithm
-    (``lucid.optim.LBFGS``) and are ignored here; ``line_search_fn`` is
-    validated and otherwise ignored."""
-    return transform(LBFGS, locals())
+def _default_max_eval(options: dict[str, Any]) -> dict[str, Any]:
+    """torch's default ``max_eval``: ``max_iter * 5 // 4``."""
+    if options["max_eval"] is None:
+        return {**options, "max_eval": options["max_iter"] * 5 // 4}
+    return options
+
+
+LBFGS_SIGNATURE = Signature(
+    "LBFGS",
+    (
+        lr(1, "γ, the step length before any line search"),
+        Arg(
+            "max_iter",
+            20,
+            int,
+            "iterations per `step(closure)` (the full algorithm, "
+            "`lucid.optim.LBFGS`; ignored by the transform).",
+        ),
+        Arg(
+            "max_eval",
+            None,
+            int | None,
+            "closure evaluations per `step` (default "
+            "`max_iter * 5 // 4`; ignored by the transform).",
+        ),
+        Arg(
+            "tolerance_grad",
+            1e-7,
+            float,
+            "stop when the gradient's largest absolute "
+            "entry is at most this (ignored by the transform).",
+        ),
+        Arg(
+            "tolerance_change",
+            1e-9,
+            float,
+            "stop when the loss or the step changes by at most this (ignored by the transform).",
+        ),
+        Arg(
+            "history_size",
+            100,
+            int,
+            "curvature pairs kept for the inverse-Hessian estimate (ignored by the transform).",
+        ),
+        Arg(
+            "line_search_fn",
+            None,
+            str | None,
+            "`None` or `'strong_wolfe'` (validated, and ignored by the transform).",
+        ),
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.95, -1.9 ], dtype=float32)"),
+    complete=_default_max_eval,
+)
+
+lbfgs = transform_of(
+    LBFGS,
+    LBFGS_SIGNATURE,
+    "lbfgs",
+    """`torch.optim.LBFGS`'s signature; the update is the per-element Barzilai-Borwein
+    step above (the full algorithm, with a closure, is `lucid.optim.LBFGS`).""",
+    "LBFGSState",
+)

@@ -37,10 +37,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from ._math import lerp
-from ._rule import Rule, is_number, transform
+from ._rule import Rule, is_number
+from ._signature import Arg, Example, Signature, eps, lr, transform_of, weight_decay
 
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 
@@ -134,7 +134,7 @@ def _check_at_step(o: dict) -> None:
 
 
 def _split(o: dict) -> tuple[dict, dict]:
-    """Hyper-parameters and flags (before a step, :func:`_check_at_step` has run; until
+    """Hyper-parameters and flags (before a step, ``_check_at_step`` has run; until
     then a wrong number of coefficients reads as zeros)."""
     a, b, c = (*tuple(o["ns_coefficients"])[:3], 0.0, 0.0, 0.0)[:3]
     hyper = {
@@ -198,44 +198,44 @@ def _with_ns_dtype(dtype: Any) -> Rule:
     return dataclasses.replace(MUON, update=functools.partial(_update, ns_dtype=dtype))
 
 
-def muon(
-    lr: Any = 1e-3,
-    weight_decay: Any = 0.1,
-    momentum: Any = 0.95,
-    nesterov: bool = True,
-    ns_coefficients: tuple[Any, Any, Any] = (3.4445, -4.775, 2.0315),
-    eps: Any = 1e-7,
-    ns_steps: int = 5,
-    adjust_lr_fn: str | None = None,
-) -> optax.GradientTransformation:
-    """``torch.optim.Muon`` as an optax transformation, for a pytree of 2-D parameters.
+MUON_SIGNATURE = Signature(
+    "Muon",
+    (
+        lr(1e-3, "γ, scaled per parameter by `adjust_lr_fn`"),
+        weight_decay(0.1, decoupled=True),
+        Arg("momentum", 0.95, Any, "μ: the buffer is `b ← lerp(b, g, 1 - μ)`."),
+        Arg("nesterov", True, bool, "orthogonalize `lerp(g, b, μ)` instead of the buffer `b`."),
+        Arg(
+            "ns_coefficients",
+            (3.4445, -4.775, 2.0315),
+            tuple[Any, Any, Any],
+            "(a, b, c) of the quintic Newton-Schulz polynomial `X ← a X + (b G + c G²) X`.",
+        ),
+        eps(1e-7, "as the floor of the Frobenius norm the iteration first divides by"),
+        Arg("ns_steps", 5, int, "k: Newton-Schulz iterations (fewer than 100)."),
+        Arg(
+            "adjust_lr_fn",
+            None,
+            str | None,
+            "`None` or `'original'`: "
+            "`γ' = γ √max(1, A/B)`; `'match_rms_adamw'`: `γ' = 0.2 γ √max(A, B)`, for a "
+            "parameter of shape (A, B).",
+        ),
+    ),
+    Example(
+        "lr=0.1",
+        "[[1.0, -2.0], [0.5, 3.0]]",
+        "[[1.0, 0.0], [0.0, 1.0]]",
+        "Array([[ 0.8775    , -1.9799999 ],\n       [ 0.49499997,  2.8574998 ]], dtype=float32)",
+    ),
+)
 
-    Args:
-      lr: the learning rate, scaled per parameter by ``adjust_lr_fn``.
-      weight_decay: decoupled weight decay, ``p *= 1 - lr * weight_decay``.
-      momentum: the momentum factor ``mu``.
-      nesterov: orthogonalize ``lerp(g, b, mu)`` instead of the buffer ``b``.
-      ns_coefficients: ``(a, b, c)`` of the Newton-Schulz polynomial.
-      eps: the floor of the Frobenius norm the iteration starts by dividing by.
-      ns_steps: Newton-Schulz iterations (fewer than 100).
-      adjust_lr_fn: ``None`` or ``'original'`` (``sqrt(max(1, A/B))``), or
-        ``'match_rms_adamw'`` (``0.2 * sqrt(max(A, B))``).
-
-    Returns:
-      An ``optax.GradientTransformation`` whose state is a :class:`MuonState`.
-
-    Raises:
-      ValueError: torch's message for an invalid value, ``ns_steps >= 100`` or
-        coefficients that are not three; ``init`` raises torch's error for a
-        parameter that is not 2-D.
-
-    Examples:
-      >>> import jax.numpy as jnp, optax, lucid.functional as LF
-      >>> params = {"w": jnp.ones((4, 2))}
-      >>> tx = LF.muon(lr=0.02, weight_decay=0.0)
-      >>> state = tx.init(params)
-      >>> updates, state = tx.update({"w": jnp.eye(4, 2)}, state, params)
-      >>> optax.apply_updates(params, updates)["w"].shape
-      (4, 2)
-    """
-    return transform(MUON, locals())
+muon = transform_of(
+    MUON,
+    MUON_SIGNATURE,
+    "muon",
+    "`torch.optim.Muon` as an optax transformation, for a pytree of 2-D parameters.",
+    "MuonState",
+    raises="ValueError: also `ns_steps >= 100` or coefficients that are not three; `init` "
+    "raises torch's error for a parameter that is not 2-D.",
+)

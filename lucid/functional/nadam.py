@@ -28,12 +28,27 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from . import _validate
 from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
 from ._math import one_minus_pow
-from ._rule import Rule, transform
+from ._rule import Rule
+from ._signature import (
+    CAPTURABLE,
+    DECOUPLED_WEIGHT_DECAY,
+    DIFFERENTIABLE,
+    FOREACH,
+    KEYWORD_ONLY,
+    MAXIMIZE,
+    Arg,
+    Example,
+    Signature,
+    betas,
+    eps,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class NAdamState(NamedTuple):
@@ -103,19 +118,32 @@ NADAM = Rule(
 )
 
 
-def nadam(
-    lr: Any = 2e-3,
-    betas: tuple[Any, Any] = (0.9, 0.999),
-    eps: Any = 1e-8,
-    weight_decay: Any = 0,
-    momentum_decay: Any = 4e-3,
-    decoupled_weight_decay: bool = False,
-    *,
-    foreach: bool | None = None,
-    maximize: bool = False,
-    capturable: bool = False,
-    differentiable: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.NAdam`` as an optax transformation (``foreach`` and
-    ``capturable`` are accepted and ignored)."""
-    return transform(NADAM, locals())
+NADAM_SIGNATURE = Signature(
+    "NAdam",
+    (
+        lr(2e-3),
+        betas(
+            (0.9, 0.999),
+            "(β₁, β₂): decay rates of the averages of the gradient (m) and of its square (v).",
+        ),
+        eps(1e-8, "to √v̂"),
+        weight_decay(0, decoupled=None),
+        Arg(
+            "momentum_decay",
+            4e-3,
+            Any,
+            "ψ in Dozat's momentum schedule `μ_t = β₁ (1 - 0.5 · 0.96^(t ψ))`.",
+        ),
+        DECOUPLED_WEIGHT_DECAY,
+        KEYWORD_ONLY,
+        FOREACH,
+        MAXIMIZE,
+        CAPTURABLE,
+        DIFFERENTIABLE,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.8944, -1.8944], dtype=float32)"),
+)
+
+nadam = transform_of(
+    NADAM, NADAM_SIGNATURE, "nadam", "`torch.optim.NAdam` as an optax transformation.", "NAdamState"
+)

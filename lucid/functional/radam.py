@@ -29,11 +29,25 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
 from ._math import one_minus_pow, power
-from ._rule import Rule, transform
+from ._rule import Rule
+from ._signature import (
+    CAPTURABLE,
+    DECOUPLED_WEIGHT_DECAY,
+    DIFFERENTIABLE,
+    FOREACH,
+    KEYWORD_ONLY,
+    MAXIMIZE,
+    Example,
+    Signature,
+    betas,
+    eps,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class RAdamState(NamedTuple):
@@ -70,7 +84,7 @@ def _rho(t, one_minus_beta2, rho_inf, bias_correction2):
     the difference of two numbers near ``rho_inf`` (~2000 for beta2 = 0.999)
     leaves ``r_t`` up to 4e-5 off while ``t*L < 1``, ``L = -log(beta2)``; there
     the same value is computed without cancellation as
-    ``t - (2/L) * (E(t*L) - E(L))``, ``E`` = :func:`_bernoulli_tail` (``r_t``
+    ``t - (2/L) * (E(t*L) - E(L))``, ``E`` = ``_bernoulli_tail`` (``r_t``
     then within 3e-7 of torch's double value).
     """
     direct = rho_inf - 2 * t * power(one_minus_beta2, t) / bias_correction2
@@ -126,18 +140,26 @@ RADAM = Rule(
 )
 
 
-def radam(
-    lr: Any = 1e-3,
-    betas: tuple[Any, Any] = (0.9, 0.999),
-    eps: Any = 1e-8,
-    weight_decay: Any = 0,
-    decoupled_weight_decay: bool = False,
-    *,
-    foreach: bool | None = None,
-    maximize: bool = False,
-    capturable: bool = False,
-    differentiable: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.RAdam`` as an optax transformation (``foreach`` and
-    ``capturable`` are accepted and ignored)."""
-    return transform(RADAM, locals())
+RADAM_SIGNATURE = Signature(
+    "RAdam",
+    (
+        lr(1e-3),
+        betas(
+            (0.9, 0.999),
+            "(β₁, β₂): decay rates of the averages of the gradient (m) and of its square (v).",
+        ),
+        eps(1e-8, "to √v"),
+        weight_decay(0, decoupled=None),
+        DECOUPLED_WEIGHT_DECAY,
+        KEYWORD_ONLY,
+        FOREACH,
+        MAXIMIZE,
+        CAPTURABLE,
+        DIFFERENTIABLE,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.95, -1.9 ], dtype=float32)"),
+)
+
+radam = transform_of(
+    RADAM, RADAM_SIGNATURE, "radam", "`torch.optim.RAdam` as an optax transformation.", "RAdamState"
+)

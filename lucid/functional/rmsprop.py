@@ -24,11 +24,23 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from . import _validate
 from ._math import lerp
-from ._rule import Rule, is_number, is_zero, transform
+from ._rule import Rule, is_number, is_zero
+from ._signature import (
+    CAPTURABLE,
+    DIFFERENTIABLE,
+    FOREACH,
+    MAXIMIZE,
+    Arg,
+    Example,
+    Signature,
+    eps,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class RMSpropState(NamedTuple):
@@ -105,23 +117,42 @@ RMSPROP = Rule(
 )
 
 
-def rmsprop(
-    lr: Any = 1e-2,
-    alpha: Any = 0.99,
-    eps: Any = 1e-8,
-    weight_decay: Any = 0,
-    momentum: Any = 0,
-    centered: bool = False,
-    capturable: bool = False,
-    foreach: bool | None = None,
-    maximize: bool = False,
-    differentiable: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.RMSprop`` as an optax transformation.
+RMSPROP_SIGNATURE = Signature(
+    "RMSprop",
+    (
+        lr(1e-2),
+        Arg(
+            "alpha",
+            0.99,
+            Any,
+            "α: smoothing constant of the average of the squared "
+            "gradient (v) and, centered, of the gradient (ḡ).",
+        ),
+        eps(1e-8, "outside the square root, `√v + ε`"),
+        weight_decay(0),
+        Arg("momentum", 0, Any, "μ: momentum factor; the buffer holds `g / a_t`."),
+        Arg(
+            "centered",
+            False,
+            bool,
+            "divide by the estimated standard deviation `√(v - ḡ²)` instead of `√v`.",
+        ),
+        CAPTURABLE,
+        FOREACH,
+        MAXIMIZE,
+        DIFFERENTIABLE,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0., -1.], dtype=float32)"),
+)
 
-    Args mirror torch's (none of them keyword-only, as in torch);
-    ``capturable`` and ``foreach`` are accepted and ignored. A momentum given
-    as an array or schedule always keeps a buffer (torch decides by
-    ``momentum > 0``, which a traced value cannot answer).
-    """
-    return transform(RMSPROP, locals())
+rmsprop = transform_of(
+    RMSPROP,
+    RMSPROP_SIGNATURE,
+    "rmsprop",
+    """`torch.optim.RMSprop` as an optax transformation (none of its arguments
+    keyword-only, as in torch).
+
+    A momentum given as an array or schedule always keeps a buffer (torch decides by
+    `momentum > 0`, which a traced value cannot answer).""",
+    "RMSpropState",
+)

@@ -25,10 +25,21 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from . import _validate
-from ._rule import Rule, is_number, transform
+from ._rule import Rule, is_number
+from ._signature import (
+    CAPTURABLE,
+    DIFFERENTIABLE,
+    FOREACH,
+    KEYWORD_ONLY,
+    MAXIMIZE,
+    Arg,
+    Example,
+    Signature,
+    lr,
+    transform_of,
+)
 
 
 class RpropState(NamedTuple):
@@ -91,16 +102,29 @@ RPROP = Rule(
 )
 
 
-def rprop(
-    lr: Any = 1e-2,
-    etas: tuple[Any, Any] = (0.5, 1.2),
-    step_sizes: tuple[Any, Any] = (1e-6, 50),
-    *,
-    capturable: bool = False,
-    foreach: bool | None = None,
-    maximize: bool = False,
-    differentiable: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.Rprop`` as an optax transformation (``foreach`` and
-    ``capturable`` are accepted and ignored)."""
-    return transform(RPROP, locals())
+RPROP_SIGNATURE = Signature(
+    "Rprop",
+    (
+        lr(1e-2, "γ, each element's first step size"),
+        Arg(
+            "etas",
+            (0.5, 1.2),
+            tuple[Any, Any],
+            "(η₋, η₊): factors a step size is "
+            "multiplied by when the gradient's sign flips (η₋ < 1) or holds (η₊ > 1).",
+        ),
+        Arg(
+            "step_sizes", (1e-6, 50), tuple[Any, Any], "(Γ_min, Γ_max): bounds of every step size."
+        ),
+        KEYWORD_ONLY,
+        CAPTURABLE,
+        FOREACH,
+        MAXIMIZE,
+        DIFFERENTIABLE,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)"),
+)
+
+rprop = transform_of(
+    RPROP, RPROP_SIGNATURE, "rprop", "`torch.optim.Rprop` as an optax transformation.", "RpropState"
+)

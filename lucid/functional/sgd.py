@@ -25,10 +25,22 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import optax
 
 from . import _validate
-from ._rule import Rule, is_number, is_zero, transform
+from ._rule import Rule, is_number, is_zero
+from ._signature import (
+    DIFFERENTIABLE,
+    FOREACH,
+    FUSED,
+    KEYWORD_ONLY,
+    MAXIMIZE,
+    Arg,
+    Example,
+    Signature,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 
 class SGDState(NamedTuple):
@@ -120,22 +132,43 @@ SGD = Rule(
 )
 
 
-def sgd(
-    lr: Any = 1e-3,
-    momentum: Any = 0,
-    dampening: Any = 0,
-    weight_decay: Any = 0,
-    nesterov: bool = False,
-    *,
-    maximize: bool = False,
-    foreach: bool | None = None,
-    differentiable: bool = False,
-    fused: bool | None = None,
-) -> optax.GradientTransformation:
-    """``torch.optim.SGD`` as an optax transformation.
+SGD_SIGNATURE = Signature(
+    "SGD",
+    (
+        lr(1e-3),
+        Arg(
+            "momentum",
+            0,
+            Any,
+            "μ: momentum factor; the buffer `b ← μ b + (1 - τ) g` starts as the first gradient.",
+        ),
+        Arg("dampening", 0, Any, "τ: dampening of the gradient added to the momentum buffer."),
+        weight_decay(0),
+        Arg(
+            "nesterov",
+            False,
+            bool,
+            "Nesterov momentum: step along `g + μ b` instead of "
+            "`b` (needs a momentum and zero dampening).",
+        ),
+        KEYWORD_ONLY,
+        MAXIMIZE,
+        FOREACH,
+        DIFFERENTIABLE,
+        FUSED,
+    ),
+    Example(
+        "lr=0.1, momentum=0.9", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.95, -1.9 ], dtype=float32)"
+    ),
+)
 
-    Args mirror torch's; ``foreach`` and ``fused`` are accepted and ignored.
-    A momentum given as an array or schedule always keeps a buffer (torch
-    decides by ``momentum != 0``, which a traced value cannot answer).
-    """
-    return transform(SGD, locals())
+sgd = transform_of(
+    SGD,
+    SGD_SIGNATURE,
+    "sgd",
+    """`torch.optim.SGD` as an optax transformation.
+
+    A momentum given as an array or schedule always keeps a buffer (torch decides by
+    `momentum != 0`, which a traced value cannot answer).""",
+    "SGDState",
+)

@@ -39,11 +39,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from . import _validate
 from ._math import one_minus_pow
-from ._rule import Rule, transform
+from ._rule import Rule
+from ._signature import MAXIMIZE, Example, Signature, betas, eps, lr, transform_of
 
 Array = jax.Array
 
@@ -237,16 +237,30 @@ SPARSE_ADAM = Rule(
 )
 
 
-def sparse_adam(
-    lr: Any = 1e-3,
-    betas: tuple[Any, Any] = (0.9, 0.999),
-    eps: Any = 1e-8,
-    maximize: bool = False,
-) -> optax.GradientTransformation:
-    """``torch.optim.SparseAdam`` as an optax transformation.
+SPARSE_ADAM_SIGNATURE = Signature(
+    "SparseAdam",
+    (
+        lr(1e-3),
+        betas(
+            (0.9, 0.999),
+            "(β₁, β₂): decay rates of the averages of the gradient (m) and "
+            "of its square (v), updated only where the gradient is present.",
+        ),
+        eps(1e-8, "to √v after its bias correction"),
+        MAXIMIZE,
+    ),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, 0.0]", "Array([ 0.9, -2. ], dtype=float32)"),
+)
+
+sparse_adam = transform_of(
+    SPARSE_ADAM,
+    SPARSE_ADAM_SIGNATURE,
+    "sparse_adam",
+    """`torch.optim.SparseAdam` as an optax transformation.
 
     Gradients may be dense arrays (present entries: the nonzeros) or
-    ``jax.experimental.sparse.BCOO`` arrays (present entries: the stored
-    indices), mixed freely within one gradient tree.
-    """
-    return transform(SPARSE_ADAM, locals())
+    `jax.experimental.sparse.BCOO` arrays (present entries: the stored indices), mixed
+    freely within one gradient tree.""",
+    "SparseAdamState",
+    raises="IndexError: a sparse gradient's index outside its parameter (torch's error).",
+)

@@ -1,13 +1,13 @@
-"""``Adafactor``: torch.optim.Adafactor over :data:`lucid.functional.adafactor.ADAFACTOR`."""
+"""``Adafactor``: the rule of ``lucid.functional.adafactor`` behind torch's stateful API."""
 
 from __future__ import annotations
 
-from typing import Any
+from ..functional.adafactor import ADAFACTOR, ADAFACTOR_SIGNATURE
+from ._declare import torch_optimizer
+from .optimizer import Optimizer
 
-from ..functional.adafactor import ADAFACTOR
-from .optimizer import Optimizer, ParamsT, options_of
 
-
+@torch_optimizer(ADAFACTOR_SIGNATURE)
 class Adafactor(Optimizer):
     """torch.optim.Adafactor: factored second moment, relative step size, update clipping.
 
@@ -27,17 +27,3 @@ class Adafactor(Optimizer):
     """
 
     rule = ADAFACTOR
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: Any = 1e-2,
-        beta2_decay: Any = -0.8,
-        eps: tuple[Any, Any] = (None, 1e-3),
-        d: Any = 1.0,
-        weight_decay: Any = 0.0,
-        *,
-        foreach: bool | None = None,
-        maximize: bool = False,
-    ) -> None:
-        super().__init__(params, options_of(locals()))

@@ -1,15 +1,17 @@
-"""``Adagrad`` over :data:`lucid.functional.adagrad.ADAGRAD`."""
+"""``Adagrad``: the rule of ``lucid.functional.adagrad`` behind torch's stateful API."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..functional.adagrad import ADAGRAD
+from ..functional.adagrad import ADAGRAD, ADAGRAD_SIGNATURE
 from ._backend import start_hyper
+from ._declare import torch_optimizer
 from ._state import begin
-from .optimizer import Optimizer, ParamsT, options_of
+from .optimizer import Optimizer
 
 
+@torch_optimizer(ADAGRAD_SIGNATURE)
 class Adagrad(Optimizer):
     """torch.optim.Adagrad: ``lr_decay``, ``initial_accumulator_value``.
 
@@ -20,21 +22,8 @@ class Adagrad(Optimizer):
 
     rule = ADAGRAD
 
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: Any = 1e-2,
-        lr_decay: Any = 0,
-        weight_decay: Any = 0,
-        initial_accumulator_value: Any = 0,
-        eps: Any = 1e-10,
-        foreach: bool | None = None,
-        *,
-        maximize: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(params, options_of(locals()))
+    def constructed(self) -> None:
+        """As torch, every parameter's state exists from construction."""
         states = {}
         for group in self.param_groups:
             start = start_hyper(self, group)

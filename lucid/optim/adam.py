@@ -1,65 +1,24 @@
-"""``Adam`` and ``AdamW`` over :mod:`lucid.functional.adam`."""
+"""``Adam`` and ``AdamW``: the rule of ``lucid.functional.adam`` behind torch's stateful API."""
 
 from __future__ import annotations
 
-from typing import Any
+from ..functional.adam import ADAM, ADAM_SIGNATURE, ADAMW, ADAMW_SIGNATURE
+from ._declare import torch_optimizer
+from .optimizer import Optimizer
 
-from ..functional.adam import ADAM, ADAMW
-from .optimizer import Optimizer, ParamsT, options_of
 
-
+@torch_optimizer(ADAM_SIGNATURE)
 class Adam(Optimizer):
-    """torch.optim.Adam, with AMSGrad and ``decoupled_weight_decay``.
-
-    ``foreach``, ``capturable`` and ``fused`` are accepted and ignored.
-    """
+    """torch.optim.Adam, with AMSGrad and `decoupled_weight_decay`."""
 
     rule = ADAM
 
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: Any = 1e-3,
-        betas: tuple[Any, Any] = (0.9, 0.999),
-        eps: Any = 1e-8,
-        weight_decay: Any = 0,
-        amsgrad: bool = False,
-        *,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-        decoupled_weight_decay: bool = False,
-    ) -> None:
-        options = options_of(locals())
-        options["betas"] = tuple(betas) if isinstance(betas, list | tuple) else betas
-        super().__init__(params, options)
 
-
+@torch_optimizer(ADAMW_SIGNATURE)
 class AdamW(Optimizer):
     """torch.optim.AdamW: Adam with decoupled weight decay (default 1e-2)."""
 
     rule = ADAMW
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: Any = 1e-3,
-        betas: tuple[Any, Any] = (0.9, 0.999),
-        eps: Any = 1e-8,
-        weight_decay: Any = 1e-2,
-        amsgrad: bool = False,
-        *,
-        maximize: bool = False,
-        foreach: bool | None = None,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        options = options_of(locals())
-        options["betas"] = tuple(betas) if isinstance(betas, list | tuple) else betas
-        super().__init__(params, {**options, "decoupled_weight_decay": True})
 
     def groups_loaded(self) -> None:
         """As torch's AdamW, a load makes every group's weight decay decoupled again."""

@@ -1,29 +1,15 @@
-"""``ASGD`` over :data:`lucid.functional.asgd.ASGD`."""
+"""``ASGD``: the rule of ``lucid.functional.asgd`` behind torch's stateful API."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..functional.asgd import ASGD as ASGD_RULE
-from .optimizer import Optimizer, ParamsT, options_of
+from ..functional.asgd import ASGD_SIGNATURE
+from ._declare import torch_optimizer
+from .optimizer import Optimizer
 
 
+@torch_optimizer(ASGD_SIGNATURE)
 class ASGD(Optimizer):
-    """torch.optim.ASGD: SGD with decaying step ``eta`` and the running average ``ax``."""
+    """torch.optim.ASGD: SGD with decaying step `eta` and the running average `ax`."""
 
     rule = ASGD_RULE
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: Any = 1e-2,
-        lambd: Any = 1e-4,
-        alpha: Any = 0.75,
-        t0: Any = 1e6,
-        weight_decay: Any = 0,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        differentiable: bool = False,
-        capturable: bool = False,
-    ) -> None:
-        super().__init__(params, options_of(locals()))

@@ -5,8 +5,8 @@ flat vector of all parameters, re-evaluates the closure, and keeps a history of
 curvature pairs. This module follows torch's algorithm step for step (two-loop
 recursion, first step ``min(1, 1/|g|_1) * lr``, convergence tests on
 ``max|g|``, optional strong-Wolfe line search with cubic interpolation), in eager
-JAX. Its compiled form (:func:`lucid.optim.compile_optimizer`) is the
-closure-less Barzilai-Borwein step of :func:`lucid.functional.lbfgs`.
+JAX. Its compiled form (``lucid.optim.compile_optimizer``) is the
+closure-less Barzilai-Borwein step of ``lucid.functional.lbfgs``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from .._layout import Layout, views_of
 from .._parameter import Parameter
 from ..functional._rule import host_float
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
+from ..functional.lbfgs import LBFGS_SIGNATURE
+from ._declare import torch_optimizer
 from ._store import dense
-from .optimizer import Optimizer, ParamsT, options_of, to_array
+from .optimizer import Optimizer, to_array
 
 
 def _copy_arrays(values: list) -> list:
@@ -152,6 +154,7 @@ def _strong_wolfe(
     return bracket_f[low_pos], bracket_g[low_pos], bracket[low_pos], ls_func_evals
 
 
+@torch_optimizer(LBFGS_SIGNATURE, step_example=False)
 class LBFGS(Optimizer):
     """torch.optim.LBFGS: ``step(closure)`` runs up to ``max_iter`` L-BFGS iterations.
 
@@ -159,25 +162,24 @@ class LBFGS(Optimizer):
     (``lucid.backward``) and return the loss; ``step`` returns the *first*
     closure value, as torch does. ``line_search_fn`` is ``None`` or
     ``'strong_wolfe'`` (anything else is refused at construction).
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
+      >>> opt = lucid.optim.LBFGS([w], line_search_fn="strong_wolfe")
+      >>> def closure():
+      ...     opt.zero_grad()
+      ...     return lucid.backward(lambda w: ((w - 3.0) ** 2).sum(), w)
+      >>> float(opt.step(closure))  # the first loss, as torch returns it
+      29.0
+      >>> w.data.round(4)
+      Array([3., 3.], dtype=float32)
     """
 
     rule = LBFGS_RULE
 
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: Any = 1,
-        max_iter: int = 20,
-        max_eval: int | None = None,
-        tolerance_grad: float = 1e-7,
-        tolerance_change: float = 1e-9,
-        history_size: int = 100,
-        line_search_fn: str | None = None,
-    ) -> None:
-        options = options_of(locals())
-        if max_eval is None:
-            options["max_eval"] = max_iter * 5 // 4
-        super().__init__(params, options)
+    def constructed(self) -> None:
+        """torch's LBFGS takes one parameter group."""
         if len(self.param_groups) != 1:
             raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
 

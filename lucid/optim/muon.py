@@ -1,14 +1,16 @@
-"""``Muon``: torch.optim.Muon over :data:`lucid.functional.muon.MUON`."""
+"""``Muon``: the rule of ``lucid.functional.muon`` behind torch's stateful API."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from ..functional.muon import MUON
-from .optimizer import Optimizer, ParamsT, options_of
+from ..functional.muon import MUON, MUON_SIGNATURE
+from ._declare import torch_optimizer
+from .optimizer import Optimizer
 
 
+@torch_optimizer(MUON_SIGNATURE)
 class Muon(Optimizer):
     """torch.optim.Muon: momentum orthogonalized by a bfloat16 Newton-Schulz iteration.
 
@@ -29,19 +31,8 @@ class Muon(Optimizer):
 
     rule = MUON
 
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: Any = 1e-3,
-        weight_decay: Any = 0.1,
-        momentum: Any = 0.95,
-        nesterov: bool = True,
-        ns_coefficients: tuple[Any, Any, Any] = (3.4445, -4.775, 2.0315),
-        eps: Any = 1e-7,
-        ns_steps: int = 5,
-        adjust_lr_fn: str | None = None,
-    ) -> None:
-        super().__init__(params, options_of(locals()))
+    def constructed(self) -> None:
+        """torch refuses a parameter that is not 2-D at construction."""
         for p in self._params():
             if len(p.shape) != 2:
                 raise ValueError(

@@ -37,16 +37,10 @@ __all__ = [
     "Optimizer",
     "ParamsT",
     "RemovableHandle",
-    "options_of",
     "register_optimizer_step_post_hook",
     "register_optimizer_step_pre_hook",
     "to_array",
 ]
-
-
-def options_of(frame_locals: Mapping[str, Any]) -> dict[str, Any]:
-    """A constructor's keyword options: its locals minus ``self``/``params``."""
-    return {k: v for k, v in frame_locals.items() if k not in ("self", "params", "__class__")}
 
 
 class Optimizer:
@@ -353,6 +347,10 @@ class Optimizer:
             if state is not None:
                 new_states[p] = state
         return new_groups, new_states
+
+    def constructed(self) -> None:
+        """Per-class checks and state at the end of a lucid optimizer's construction
+        (Muon's 2-D check, Adagrad's accumulators), as torch makes them in ``__init__``."""
 
     def groups_loaded(self) -> None:
         """Per-class fix-ups of the groups right after a load (torch's ``__setstate__``)."""

@@ -1,4 +1,4 @@
-"""``SparseAdam`` over :data:`lucid.functional.sparse_adam.SPARSE_ADAM`."""
+"""``SparseAdam``: the rule of ``lucid.functional.sparse_adam`` behind torch's stateful API."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ..functional.sparse_adam import SPARSE_ADAM
-from .optimizer import Optimizer, ParamsT, options_of
+from ..functional.sparse_adam import SPARSE_ADAM, SPARSE_ADAM_SIGNATURE
+from ._declare import torch_optimizer
+from .optimizer import Optimizer
 
 
+@torch_optimizer(SPARSE_ADAM_SIGNATURE)
 class SparseAdam(Optimizer):
     """torch.optim.SparseAdam: lazy Adam on the gradient's present entries.
 
@@ -20,17 +22,8 @@ class SparseAdam(Optimizer):
 
     rule = SPARSE_ADAM
 
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: Any = 1e-3,
-        betas: tuple[Any, Any] = (0.9, 0.999),
-        eps: Any = 1e-8,
-        maximize: bool = False,
-    ) -> None:
-        options = options_of(locals())
-        options["betas"] = tuple(betas) if isinstance(betas, list | tuple) else betas
-        super().__init__(params, options)
+    def constructed(self) -> None:
+        """torch refuses complex parameters at construction."""
         complex_params = [
             [index, d_index]
             for index, group in enumerate(self.param_groups)

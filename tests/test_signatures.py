@@ -1,0 +1,125 @@
+"""Each optimizer's signature and argument docs are written once and reach both forms.
+
+``lucid.functional.<name>`` and ``lucid.optim.<Class>`` are built from one
+``Signature`` (``lucid/functional/_signature.py``): these tests hold both forms to
+torch's constructor (keywords, kinds, defaults, what a call that does not fit
+raises, what a positional call binds) and to each other (every keyword described,
+in the same words, in both docstrings).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import jax.numpy as jnp
+import pytest
+import torch
+from oracle import assert_signature_is_torchs
+
+import lucid
+import lucid.functional as LF
+
+FORMS = {
+    "SGD": "sgd",
+    "Adam": "adam",
+    "AdamW": "adamw",
+    "Adamax": "adamax",
+    "NAdam": "nadam",
+    "RAdam": "radam",
+    "RMSprop": "rmsprop",
+    "Adagrad": "adagrad",
+    "Adadelta": "adadelta",
+    "ASGD": "asgd",
+    "Rprop": "rprop",
+    "SparseAdam": "sparse_adam",
+    "LBFGS": "lbfgs",
+    "Adafactor": "adafactor",
+    "Muon": "muon",
+}
+
+
+def _section(doc: str, title: str) -> dict[str, str]:
+    """A Google section's entries, ``{name: description}`` (continuations joined)."""
+    body = re.search(rf"^{title}:\n((?:  .*\n?|\n)*)", doc, flags=re.M)
+    assert body, f"no {title}: section"
+    entries: dict[str, str] = {}
+    for line in body.group(1).splitlines():
+        if re.match(r"^  \S", line):
+            name, _, text = line.strip().partition(": ")
+            entries[name] = text
+        elif line.strip():
+            entries[name] += " " + line.strip()
+    return entries
+
+
+def _param(shape: tuple[int, ...] = (2, 2)) -> tuple[lucid.Parameter, torch.Tensor]:
+    return lucid.Parameter(jnp.ones(shape)), torch.ones(shape, requires_grad=True)
+
+
+@pytest.mark.parametrize("name", FORMS)
+def test_both_forms_have_torchs_keywords_kinds_and_defaults(name):
+    assert_signature_is_torchs(
+        getattr(lucid.optim, name), getattr(torch.optim, name), getattr(LF, FORMS[name])
+    )
+
+
+@pytest.mark.parametrize("name", FORMS)
+def test_every_keyword_is_described_in_the_same_words_in_both_docstrings(name):
+    cls, factory = getattr(lucid.optim, name), getattr(LF, FORMS[name])
+    keywords = list(inspect.signature(factory).parameters)
+    class_args = _section(inspect.getdoc(cls), "Args")
+    factory_args = _section(inspect.getdoc(factory), "Args")
+    assert list(class_args) == ["params", *keywords]
+    assert list(factory_args) == keywords
+    for keyword in keywords:
+        assert class_args[keyword] == factory_args[keyword] and len(class_args[keyword]) > 10
+
+
+@pytest.mark.parametrize("name", FORMS)
+def test_an_unknown_keyword_raises_torchs_type_error(name):
+    w, tw = _param()
+    with pytest.raises(TypeError) as theirs:
+        getattr(torch.optim, name)([tw], not_an_option=1)
+    with pytest.raises(TypeError) as ours:
+        getattr(lucid.optim, name)([w], not_an_option=1)
+    assert str(ours.value) == str(theirs.value)
+    with pytest.raises(TypeError, match=rf"^{FORMS[name]}\(\) got an unexpected keyword"):
+        getattr(LF, FORMS[name])(not_an_option=1)
+
+
+@pytest.mark.parametrize("name", FORMS)
+def test_positional_arguments_bind_as_in_torch(name):
+    """Every positional keyword given by position lands in the group under torch's name."""
+    positional = [
+        p
+        for p in inspect.signature(getattr(torch.optim, name).__init__).parameters.values()
+        if p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "params")
+    ]
+    values = [p.default for p in positional]
+    w, tw = _param()
+    ours = getattr(lucid.optim, name)([w], *values).param_groups[0]
+    theirs = getattr(torch.optim, name)([tw], *values).param_groups[0]
+    for p in positional:
+        assert ours[p.name] == theirs[p.name], p.name
+
+
+def test_a_list_of_betas_is_stored_as_torchs_tuple():
+    w, tw = _param()
+    ours = lucid.optim.Adam([w], betas=[0.8, 0.9]).param_groups[0]["betas"]
+    theirs = torch.optim.Adam([tw], betas=[0.8, 0.9]).param_groups[0]["betas"]
+    assert ours == theirs and type(ours) is type(theirs) is tuple
+
+
+def test_lbfgs_fills_max_eval_as_torch():
+    w, tw = _param()
+    ours = lucid.optim.LBFGS([w], max_iter=8).param_groups[0]["max_eval"]
+    assert ours == torch.optim.LBFGS([tw], max_iter=8).param_groups[0]["max_eval"] == 10
+
+
+def test_adamw_sets_decoupled_weight_decay_without_taking_it():
+    w, tw = _param()
+    assert "decoupled_weight_decay" not in inspect.signature(lucid.optim.AdamW).parameters
+    ours = lucid.optim.AdamW([w]).param_groups[0]
+    assert ours["decoupled_weight_decay"] is True
+    assert ours == {**torch.optim.AdamW([tw]).param_groups[0], "params": [w]}
