@@ -20,23 +20,34 @@ from oracle import assert_signature_is_torchs
 import lucid
 import lucid.functional as LF
 
-FORMS = {
-    "SGD": "sgd",
-    "Adam": "adam",
-    "AdamW": "adamw",
-    "Adamax": "adamax",
-    "NAdam": "nadam",
-    "RAdam": "radam",
-    "RMSprop": "rmsprop",
-    "Adagrad": "adagrad",
-    "Adadelta": "adadelta",
-    "ASGD": "asgd",
-    "Rprop": "rprop",
-    "SparseAdam": "sparse_adam",
-    "LBFGS": "lbfgs",
-    "Adafactor": "adafactor",
-    "Muon": "muon",
-}
+
+def _forms() -> dict[str, str]:
+    """Every lucid optimizer class built from a torch signature, with its functional
+    form (found by that signature, so a new optimizer is covered without listing it)."""
+    factories = {
+        getattr(LF, name).torch_signature: name
+        for name in LF.__all__
+        if hasattr(getattr(LF, name), "torch_signature")
+    }
+    forms = {}
+    for name in lucid.optim.__all__:
+        signature = getattr(getattr(lucid.optim, name), "torch_signature", None)
+        if signature is not None:
+            forms[name] = factories.pop(signature)
+    assert not factories, f"functional forms without a class: {factories}"
+    return forms
+
+
+FORMS = _forms()
+
+
+def test_every_optimizer_of_torch_213_has_both_forms():
+    expected = {name for name in dir(torch.optim) if name[0].isupper()} - {
+        "Optimizer",
+        "lr_scheduler",
+        "swa_utils",
+    }
+    assert set(FORMS) == expected
 
 
 def _section(doc: str, title: str) -> dict[str, str]:

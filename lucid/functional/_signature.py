@@ -109,7 +109,7 @@ class Example:
         )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # compared and hashed by identity
 class Signature:
     """torch's constructor signature of one optimizer, and what each argument means.
 
@@ -246,7 +246,8 @@ def transform_of(
 
     Returns:
       A function whose ``inspect.signature`` is torch's keywords and whose
-      docstring holds Args, Returns, Raises and Examples from ``signature``.
+      docstring holds Args, Returns, Raises and Examples from ``signature``
+      (kept as its ``torch_signature``).
     """
     from ._rule import transform
 
@@ -254,6 +255,7 @@ def transform_of(
         return transform(rule, signature.bind(name, args, kwargs))
 
     factory.__name__ = factory.__qualname__ = name
+    factory.torch_signature = signature  # type: ignore[attr-defined]
     factory.__module__ = rule.update.__module__
     factory.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         signature.parameters(), return_annotation=optax.GradientTransformation

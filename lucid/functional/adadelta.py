@@ -41,6 +41,14 @@ from ._signature import (
 
 
 class AdadeltaState(NamedTuple):
+    """The state of torch.optim.Adadelta, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      square_avg: v, the average of the squared gradient.
+      acc_delta: u, the average of the squared update.
+    """
+
     step: Any
     square_avg: Any
     acc_delta: Any

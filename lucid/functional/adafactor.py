@@ -59,10 +59,21 @@ from ._signature import (
 
 
 class AdafactorState(NamedTuple):
+    """The state of torch.optim.Adafactor, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      row_var: the row means of the second moment, torch's keepdim shape (last axis 1), for
+        parameters of two or more dimensions; else `None`.
+      col_var: the column means of the second moment (second-to-last axis 1), for parameters
+        of two or more dimensions; else `None`.
+      variance: the second moment of a vector or 0-d parameter (its shape); else `None`.
+    """
+
     step: Any
-    row_var: Any  # parameters of 2+ dims: shape with the last axis 1; else None
-    col_var: Any  # parameters of 2+ dims: shape with the second-to-last axis 1; else None
-    variance: Any  # vectors and 0-d parameters: the parameter's shape; else None
+    row_var: Any
+    col_var: Any
+    variance: Any
 
 
 def _check(condition: bool, message: str) -> None:

@@ -41,6 +41,13 @@ from ._signature import (
 
 
 class AdagradState(NamedTuple):
+    """The state of torch.optim.Adagrad, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      sum: the sum of squared gradients, from `initial_accumulator_value`.
+    """
+
     step: Any
     sum: Any
 

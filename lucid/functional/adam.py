@@ -50,10 +50,19 @@ from ._signature import (
 
 
 class AdamState(NamedTuple):
+    """The state of torch.optim.Adam and AdamW, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      exp_avg: m, the average of the gradient.
+      exp_avg_sq: v, the average of the squared gradient.
+      max_exp_avg_sq: the running maximum of v (`amsgrad`); else `None`.
+    """
+
     step: Any
     exp_avg: Any
     exp_avg_sq: Any
-    max_exp_avg_sq: Any  # None unless amsgrad
+    max_exp_avg_sq: Any
 
 
 def _split(o: dict) -> tuple[dict, dict]:

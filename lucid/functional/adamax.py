@@ -41,6 +41,14 @@ from ._signature import (
 
 
 class AdamaxState(NamedTuple):
+    """The state of torch.optim.Adamax, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      exp_avg: m, the average of the gradient.
+      exp_inf: u, the exponentially weighted infinity norm.
+    """
+
     step: Any
     exp_avg: Any
     exp_inf: Any

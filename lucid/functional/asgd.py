@@ -42,6 +42,15 @@ from ._signature import (
 
 
 class ASGDState(NamedTuple):
+    """The state of torch.optim.ASGD, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      eta: η, the current step size.
+      mu: μ, the averaging coefficient.
+      ax: the averaged parameter.
+    """
+
     step: Any
     eta: Any
     mu: Any

@@ -45,6 +45,14 @@ LINE_SEARCH_FNS = (None, "strong_wolfe")
 
 
 class LBFGSState(NamedTuple):
+    """The state of the closure-less L-BFGS step, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done.
+      prev_param: the parameter before the last update.
+      prev_grad: the gradient of the last update.
+    """
+
     step: Any
     prev_param: Any
     prev_grad: Any

@@ -46,7 +46,14 @@ ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 
 
 class MuonState(NamedTuple):
-    step: Any  # lucid only (hidden): updates done, for schedules
+    """The state of torch.optim.Muon, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done, for schedules (lucid only: not in the state_dict).
+      momentum_buffer: b, the momentum buffer.
+    """
+
+    step: Any
     momentum_buffer: Any
 
 

@@ -52,6 +52,15 @@ from ._signature import (
 
 
 class NAdamState(NamedTuple):
+    """The state of torch.optim.NAdam, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      exp_avg: m, the average of the gradient.
+      exp_avg_sq: v, the average of the squared gradient.
+      mu_product: the product of the momentum schedule μ_1 ⋯ μ_t.
+    """
+
     step: Any
     exp_avg: Any
     exp_avg_sq: Any

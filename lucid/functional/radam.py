@@ -51,6 +51,14 @@ from ._signature import (
 
 
 class RAdamState(NamedTuple):
+    """The state of torch.optim.RAdam, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      exp_avg: m, the average of the gradient.
+      exp_avg_sq: v, the average of the squared gradient.
+    """
+
     step: Any
     exp_avg: Any
     exp_avg_sq: Any

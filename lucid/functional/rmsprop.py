@@ -44,10 +44,19 @@ from ._signature import (
 
 
 class RMSpropState(NamedTuple):
+    """The state of torch.optim.RMSprop, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      square_avg: v, the average of the squared gradient.
+      momentum_buffer: b, the momentum buffer (with `momentum`); else `None`.
+      grad_avg: ḡ, the average of the gradient (`centered`); else `None`.
+    """
+
     step: Any
     square_avg: Any
-    momentum_buffer: Any  # None without momentum
-    grad_avg: Any  # None unless centered
+    momentum_buffer: Any
+    grad_avg: Any
 
 
 def _validate_rmsprop(o: dict) -> None:

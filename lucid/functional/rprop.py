@@ -43,6 +43,14 @@ from ._signature import (
 
 
 class RpropState(NamedTuple):
+    """The state of torch.optim.Rprop, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (float32).
+      prev: the previous gradient (zeroed where its sign flipped).
+      step_size: each element's step size.
+    """
+
     step: Any
     prev: Any
     step_size: Any

@@ -44,8 +44,16 @@ from ._signature import (
 
 
 class SGDState(NamedTuple):
+    """The state of torch.optim.SGD, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done (lucid only: tells a new momentum buffer from a started one; not in
+        the state_dict).
+      momentum_buffer: b, the momentum buffer (with `momentum`); else `None`.
+    """
+
     step: Any
-    momentum_buffer: Any  # None without momentum
+    momentum_buffer: Any
 
 
 def _validate_sgd(o: dict) -> None:

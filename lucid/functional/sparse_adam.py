@@ -49,6 +49,14 @@ Array = jax.Array
 
 
 class SparseAdamState(NamedTuple):
+    """The state of torch.optim.SparseAdam, one entry per parameter (torch's names).
+
+    Attributes:
+      step: updates done.
+      exp_avg: m, the average of the gradient (updated where the gradient is present).
+      exp_avg_sq: v, the average of the squared gradient (updated where present).
+    """
+
     step: Any
     exp_avg: Any
     exp_avg_sq: Any

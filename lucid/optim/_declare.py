@@ -35,7 +35,8 @@ def torch_optimizer(
     The constructor binds its arguments to ``signature`` (Python's ``TypeError``
     for a call that does not fit), passes the options to
     ``Optimizer.__init__`` as the defaults, then calls the class's
-    ``constructed()`` for the checks and state torch makes at construction.
+    ``constructed()`` for the checks and state torch makes at construction. The
+    class keeps ``signature`` as its ``torch_signature``.
 
     Args:
       signature: the optimizer's torch signature and argument docs.
@@ -66,6 +67,7 @@ def torch_optimizer(
             return_annotation=None,
         )
         cls.__init__ = __init__
+        cls.torch_signature = signature
         sections = {
             "Args": PARAMS_DOC + "\n" + signature.args_doc(),
             "Raises": signature.raises_doc(),

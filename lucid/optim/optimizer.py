@@ -21,6 +21,7 @@ import numpy as np
 from .._parameter import Parameter
 from .._storage import by_storage
 from ..functional._rule import Rule
+from ..functional._signature import Signature
 from ._backend import Backend, EagerBackend
 from ._hooks import (
     RemovableHandle,
@@ -83,6 +84,7 @@ class Optimizer:
     """
 
     rule: ClassVar[Rule | None] = None  # None: an optimizer with its own step
+    torch_signature: ClassVar[Signature | None] = None  # set by @torch_optimizer
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         if isinstance(params, Parameter | jax.Array | np.ndarray):
