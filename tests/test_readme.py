@@ -7,12 +7,16 @@ import re
 
 import numpy as np
 import torch
+from _markdown import python_blocks
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
-def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def _block_with(text: str) -> str:
+    """The README's one Python block containing ``text`` (by content, not position)."""
+    found = [b.source for b in python_blocks(README.read_text()) if text in b.source]
+    assert len(found) == 1, f"{len(found)} README python blocks contain {text!r}"
+    return found[0]
 
 
 def test_readme_opens_with_the_two_setup_commands():
@@ -24,7 +28,7 @@ def test_readme_opens_with_the_two_setup_commands():
 
 def test_readme_port_matches_the_torch_loop_it_replaces():
     namespace: dict = {}
-    exec(compile(_python_blocks()[0], "README.md", "exec"), namespace)
+    exec(compile(_block_with("lucid.optim.AdamW([w, b]"), "README.md", "exec"), namespace)
     x = torch.as_tensor(np.asarray(namespace["x"], np.float32))
     y = torch.as_tensor(np.asarray(namespace["y"], np.float32))
     w = torch.zeros((3, 1), requires_grad=True)
@@ -51,7 +55,7 @@ def test_readme_functional_example_gives_torchs_adamw_under_cosine_after_optax_c
     import optax
 
     namespace: dict = {}
-    exec(compile(_python_blocks()[1], "README.md", "exec"), namespace)
+    exec(compile(_block_with("optax.chain("), "README.md", "exec"), namespace)
     tx = namespace["tx"]
     rng = np.random.default_rng(0)
     grads = [rng.normal(size=3) * scale for scale in np.linspace(0.1, 5.0, 40)]
