@@ -13,6 +13,12 @@ real hang fails the test rather than stalling CI.
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
 import jax
 
 
@@ -24,3 +30,49 @@ def rendezvous_flags() -> list[str]:
         "--xla_cpu_collective_call_terminate_timeout_seconds=600",
         "--xla_cpu_collective_timeout_seconds=600",
     ]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a coordinator)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(
+    argv: Callable[[int], list[str]],
+    count: int,
+    env: Mapping[str, str],
+    timeout: float,
+    cwd: Path | None = None,
+) -> list[tuple[int, str, str]]:
+    """Start ``count`` processes (``argv(i)`` for the i-th) together, as peers of one
+    ``jax.distributed`` job, and wait for all of them within one ``timeout``.
+
+    Returns:
+      ``(returncode, stdout, stderr)`` of each, in order. A process still running at
+      the deadline, or after a peer failed to finish, is killed: none is left waiting
+      for its peer.
+    """
+    workers = [
+        subprocess.Popen(
+            argv(i),
+            cwd=cwd,
+            env=dict(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
+    deadline = time.monotonic() + timeout
+    outputs = []
+    try:
+        for worker in workers:
+            outputs.append(worker.communicate(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+    return [(worker.returncode, out, err) for worker, (out, err) in zip(workers, outputs)]

@@ -12,14 +12,12 @@ collective timeouts on a loaded machine: tests/_distributed.py.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from _distributed import rendezvous_flags
+from _distributed import free_port, rendezvous_flags, run_processes
 
 HERE = Path(__file__).parent
 TIMEOUT = 240  # seconds for a whole subprocess run: far above the ~10 s it takes
@@ -41,12 +39,6 @@ def _run(args: list[str], env: dict[str, str]) -> str:
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.strip().endswith("OK"), result.stdout[-2000:]
     return result.stdout
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_one_device_ignores_shard_state_over_and_compiling_twice_must_agree():
@@ -84,28 +76,14 @@ def test_two_processes_train_and_checkpoint_sharded_state(tmp_path):
     state, an orbax checkpoint written and restored shard by shard, the single-process
     results, and the checkpoint read back as torch's format."""
     pytest.importorskip("orbax.checkpoint")
-    script, port = str(HERE / "_multiprocess_script.py"), str(_free_port())
-    workers = [
-        subprocess.Popen(
-            [sys.executable, script, "worker", str(i), port, str(tmp_path)],
-            env=_env(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    deadline = time.monotonic() + TIMEOUT
-    outputs = []
-    try:
-        for worker in workers:
-            outputs.append(worker.communicate(timeout=max(1.0, deadline - time.monotonic())))
-    finally:
-        for worker in workers:  # never leave a process waiting for its peer
-            if worker.poll() is None:
-                worker.kill()
-                worker.communicate()
-    for worker, (out, err) in zip(workers, outputs):
-        assert worker.returncode == 0, err[-4000:]
+    script, port = str(HERE / "_multiprocess_script.py"), str(free_port())
+    results = run_processes(
+        lambda i: [sys.executable, script, "worker", str(i), port, str(tmp_path)],
+        2,
+        _env(2),
+        TIMEOUT,
+    )
+    for returncode, out, err in results:
+        assert returncode == 0, err[-4000:]
         assert out.strip().endswith("OK"), out[-2000:] + err[-2000:]
     _run([script, "reference", str(tmp_path)], _env(1))

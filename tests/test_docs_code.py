@@ -29,14 +29,12 @@ import ast
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from _distributed import rendezvous_flags
+from _distributed import free_port, rendezvous_flags, run_processes
 from _markdown import Block, Container, fenced_blocks, python_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,39 +120,19 @@ def run_page(name: str, text: str, cwd: Path, devices: int | None = None) -> str
     return result.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_program(name: str, number: int, block: Block, count: int, cwd: Path) -> None:
     program = cwd / "program.py"
     program.write_text("\n" * (block.line - 1) + block.source)  # the page's line numbers
-    address = f"127.0.0.1:{_free_port()}"
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(program), address, str(count), str(i)],
-            cwd=cwd,
-            env=_env(devices=1),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(count)
-    ]
-    deadline = time.monotonic() + TIMEOUT
-    outputs = []
-    try:
-        for worker in workers:
-            outputs.append(worker.communicate(timeout=max(1.0, deadline - time.monotonic())))
-    finally:
-        for worker in workers:  # never leave a process waiting for its peer
-            if worker.poll() is None:
-                worker.kill()
-                worker.communicate()
-    for i, (worker, (_, err)) in enumerate(zip(workers, outputs)):
-        if worker.returncode:
+    address = f"127.0.0.1:{free_port()}"
+    results = run_processes(
+        lambda i: [sys.executable, str(program), address, str(count), str(i)],
+        count,
+        _env(devices=1),
+        TIMEOUT,
+        cwd=cwd,
+    )
+    for i, (returncode, _, err) in enumerate(results):
+        if returncode:
             where = f"{name}: python block {number} (line {block.line}), process {i} of {count}"
             pytest.fail(f"{where} raised:\n{err[-6000:]}", pytrace=False)
 
