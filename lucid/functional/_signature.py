@@ -290,8 +290,12 @@ def lr(default: Any, meaning: str = "learning rate γ") -> Arg:
     )
 
 
-def betas(default: tuple[Any, Any], meaning: str) -> Arg:
-    """``betas``: the two averaging coefficients, stored as a tuple."""
+def betas(
+    default: tuple[Any, Any] = (0.9, 0.999),
+    meaning: str = "(β₁, β₂): decay rates of the averages of the gradient (m) and of its "
+    "square (v).",
+) -> Arg:
+    """``betas``: the two averaging coefficients (Adam's by default), stored as a tuple."""
     return Arg(
         "betas",
         default,

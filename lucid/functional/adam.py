@@ -121,10 +121,7 @@ ADAM_SIGNATURE = Signature(
     "Adam",
     (
         lr(1e-3),
-        betas(
-            (0.9, 0.999),
-            "(β₁, β₂): decay rates of the averages of the gradient (m) and of its square (v).",
-        ),
+        betas(),
         eps(1e-8, "to √v after its bias correction"),
         weight_decay(0, decoupled=None),
         Arg(

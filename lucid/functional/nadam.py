@@ -131,10 +131,7 @@ NADAM_SIGNATURE = Signature(
     "NAdam",
     (
         lr(2e-3),
-        betas(
-            (0.9, 0.999),
-            "(β₁, β₂): decay rates of the averages of the gradient (m) and of its square (v).",
-        ),
+        betas(),
         eps(1e-8, "to √v̂"),
         weight_decay(0, decoupled=None),
         Arg(
