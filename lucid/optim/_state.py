@@ -2,15 +2,15 @@
 
 A parameter's optimizer state is its rule's state NamedTuple (``AdamState``...),
 whose fields are torch's state names plus, for a few rules, fields torch does
-not show (:attr:`Rule.hidden`). torch's rules for its life, written once here:
+not show (`Rule.hidden`). torch's rules for its life, written once here:
 
 * it is created at the first step in which the parameter has a gradient, from
-  its group's hyper-parameters *at that moment* (:func:`begin`);
+  its group's hyper-parameters *at that moment* (`begin`);
 * an option that owns a field, turned on later, starts that field where torch
   does and raises torch's ``KeyError`` where torch does; turned off, it leaves
-  the field untouched (:func:`begin`, through ``resume_leaf``);
-* a state_dict shows the fields torch shows (:func:`export`), and a saved entry
-  is checked and converted back by :func:`load_entry`.
+  the field untouched (`begin`, through ``resume_leaf``);
+* a state_dict shows the fields torch shows (`export`), and a saved entry
+  is checked and converted back by `load_entry`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ $$
 Evaluated with torch's own expression in float64 this reproduces torch's
 recursion to ~1e-13 relative (also near the troughs, where both carry the
 same rounding of ``1 + cos``); float32 uses the ``sin**2`` form of
-:meth:`ArrayOps.cos_bump`.
+`ArrayOps.cos_bump`.
 
 **CosineAnnealingWarmRestarts.** ``lr = eta + (b - eta) (1 + cos(pi T_cur /
 T_i)) / 2`` where ``T_i`` is the current period (``T_0 * T_mult**n`` in the
