@@ -409,6 +409,20 @@ class FusedStep:
         return backend
 
     def __call__(self, tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
+        """One training step: the loss, its gradients, `grad_transform` and the update.
+
+        Args:
+          tree: the first argument of `loss_fn`, a pytree holding Parameters.
+          *args: further positional arguments of `loss_fn` (data, targets).
+          **kwargs: further keyword arguments of `loss_fn`.
+
+        Returns:
+          The loss before the update, a 0-d `jax.Array`.
+
+        Raises:
+          ValueError: a hyper-parameter edited into `param_groups` is invalid
+            (nothing has moved).
+        """
         optimizer = self.compiled.optimizer
         for group in optimizer.param_groups:
             optimizer.rule.check_step(group)
