@@ -3,11 +3,11 @@
 * every name in the public modules' ``__all__`` is rendered by a ``:::`` directive on a
   page of ``docs/reference`` (itself, or as a member of a rendered module);
 * every public function, class, method and property has a docstring of its own; every
-  public function and class documents in a Google ``Args:`` section exactly the
-  parameters of its signature (a NamedTuple or dataclass may list its fields under
-  ``Attributes:`` instead), every public method too, and a function or method that
-  returns something has a ``Returns:`` section; every public function and class (the
-  NamedTuples and dataclasses aside) has an example;
+  public function, class and method documents in a Google ``Args:`` section exactly the
+  parameters of its signature, in any order (a NamedTuple or dataclass may list its
+  fields under ``Attributes:`` instead), and one that returns something has a
+  ``Returns:`` section; every public function and class (the NamedTuples and
+  dataclasses aside) has an example;
 * every public instance attribute a constructor sets is documented (``Attributes:``,
   ``Args:`` or a documented property);
 * no docstring in lucid holds reStructuredText: Sphinx roles, tables, directives or
@@ -372,7 +372,7 @@ def test_every_public_name_is_documented(module, name, obj):
         documented = section_names(doc, "Attributes", "Args")
     else:
         documented = section_names(doc, "Args")
-    assert (documented or []) == expected, (
+    assert sorted(documented or []) == sorted(expected), (
         f"{module}.{name}: documented parameters {documented} != signature {expected}"
     )
     if what == "function" and returns_something(obj):
@@ -405,7 +405,7 @@ def test_every_public_method_and_property_is_documented(name, member):
     assert doc, f"{name} has no docstring"
     expected = parameter_names(member)
     documented = section_names(doc, "Args") or []
-    assert documented == expected, (
+    assert sorted(documented) == sorted(expected), (
         f"{name}: documented parameters {documented} != signature {expected}"
     )
     if returns_something(member):
