@@ -68,8 +68,8 @@ def clip_grad_norm(max_norm: float, norm_type: float = 2.0) -> optax.GradientTra
 
     Args:
       max_norm: the largest total norm kept (`max_norm` above).
-      norm_type: the order $p$ of the norms (`float("inf")` for the max norm,
-        0 to count the nonzero leaves).
+      norm_type: the order $p$ of the norms (`float("inf")` for the max norm;
+        0 counts the leaves with a nonzero entry).
 
     Returns:
       An optax `GradientTransformation` (stateless: `init` returns
