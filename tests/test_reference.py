@@ -202,10 +202,11 @@ def public_members(cls: type) -> list[tuple[str, Any]]:
         for name, member in vars(base).items():
             if name.startswith("_") or name in seen:
                 continue
+            function = inspect.unwrap(member)
+            if inspect.isfunction(function) and function.__qualname__ != f"{base.__name__}.{name}":
+                continue  # a base's method set on the class (Optimizer wraps step, as torch)
             seen.add(name)
-            routine = isinstance(member, staticmethod | classmethod) or inspect.isfunction(
-                inspect.unwrap(member)
-            )
+            routine = isinstance(member, staticmethod | classmethod) or inspect.isfunction(function)
             if isinstance(member, property) or routine:
                 # named where it is defined: an inherited method is checked once
                 out.append((f"{base.__module__}.{base.__qualname__}.{name}", getattr(base, name)))
