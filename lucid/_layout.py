@@ -1,7 +1,7 @@
 """How a compiled optimizer's flat buffers hold its parameters.
 
-Shared by :mod:`lucid.optim._store` (which owns the buffers) and
-:func:`lucid.backward` (which traces loss functions over their views).
+Shared by `lucid.optim._store` (which owns the buffers) and
+`lucid.backward` (which traces loss functions over their views).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def views_of(buffer: Array, layout: Layout) -> list[Array]:
 
 
 def join_views(arrays: Sequence[Array], layout: Layout) -> Array:
-    """Per-parameter arrays laid out as ``layout`` says (the inverse of :func:`views_of`)."""
+    """Per-parameter arrays laid out as ``layout`` says (the inverse of `views_of`)."""
     if not layout.flat:
         return arrays[0]
     if layout.rows == 1:

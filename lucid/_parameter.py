@@ -1,12 +1,12 @@
-"""``Parameter``: a mutable box around a jax.Array, with torch's identity semantics.
+"""`Parameter`: a mutable box around a jax.Array, with torch's identity semantics.
 
 A torch parameter is an identity that survives in-place updates; a jax.Array
-is an immutable value. ``Parameter`` restores the identity: optimizers key
-their state by the box and replace ``.data`` on every step, and ``.grad``
-accumulates as torch's does until ``zero_grad``. Where the value and gradient
-live is the business of a :class:`~lucid._storage.Storage` (the parameter's
-own arrays, or a slice of a compiled optimizer's flat buffer); the box only
-forwards to it.
+is an immutable value. `Parameter` restores the identity: optimizers key
+their state by the box and replace `.data` on every step, and `.grad`
+accumulates as torch's does until `zero_grad`. Where the value and gradient
+live is the business of a *storage* (`lucid._storage.Storage`: the
+parameter's own arrays, or a slice of a compiled optimizer's flat buffer); the
+box only forwards to it.
 """
 
 from __future__ import annotations
@@ -44,22 +44,49 @@ def _requested_dtype(data: Any) -> Any:
 
 
 class Parameter:
-    """A trainable array: ``.data`` (a ``jax.Array``) and ``.grad`` (``None`` or an array).
+    """A trainable array: `.data` (a `jax.Array`) and `.grad` (an array or `None`).
 
-    Hashable by identity, like a torch parameter, so it can key optimizer state.
+    torch's `nn.Parameter` is an identity that survives in-place updates; a
+    `jax.Array` is an immutable value. A `Parameter` is the identity: an
+    optimizer keys its state by it and replaces `.data` at every step, and
+    `.grad` accumulates as torch's does ([backward][lucid.backward] adds to it,
+    an optimizer's `zero_grad` resets it). It is hashable and compared by
+    identity, as a torch tensor is, so it can key optimizer state and sit in
+    any pytree (dicts, lists, your own classes) that a loss function reads.
+
+    The value and the gradient live in one *storage* at a time: the
+    parameter's own two arrays, or, after
+    [compile_optimizer][lucid.compile_optimizer], a slice of the compiled
+    optimizer's flat buffers. `.data`, `.grad` and the other properties read
+    and write wherever that is, so code holding the Parameter never notices.
 
     Args:
-      data: the initial value (anything ``jnp.asarray`` accepts).
+      data: the initial value: a jax, NumPy or torch array (any float dtype
+        they share, bfloat16 and float8 included), a Python number or nested
+        list (anything `jnp.asarray` accepts), or another `Parameter`, whose
+        current value is taken. It must be dense.
 
     Raises:
-      TypeError: ``.grad`` is assigned something that is not an array or None.
+      ValueError: `data` is a sparse array (`jax.experimental.sparse`); pass
+        `data.todense()`.
+
+    Warns:
+      UserWarning: `data` is float64 while jax's x64 mode is off, so the
+        Parameter holds float32 (enable x64 before creating arrays).
 
     Examples:
       >>> import jax.numpy as jnp, lucid
-      >>> w = lucid.Parameter(jnp.zeros(3))
-      >>> w.grad = jnp.ones(3)
-      >>> w.shape, w.grad.sum().item()
-      ((3,), 3.0)
+      >>> w = lucid.Parameter(jnp.zeros((2, 3)))
+      >>> w.shape, w.dtype, w.ndim, w.size
+      ((2, 3), dtype('float32'), 2, 6)
+      >>> w.grad is None
+      True
+      >>> w.grad = jnp.ones((2, 3))
+      >>> w.data = w.data - 0.5 * w.grad
+      >>> w.data.tolist()
+      [[-0.5, -0.5, -0.5], [-0.5, -0.5, -0.5]]
+      >>> {w: "a Parameter keys a dict by identity"}[w]
+      'a Parameter keys a dict by identity'
     """
 
     __slots__ = ("__weakref__", "_index", "_storage")
@@ -86,7 +113,16 @@ class Parameter:
     # ------------------------------------------------------------ value
     @property
     def data(self) -> jax.Array:
-        """The current value."""
+        """The current value, a `jax.Array` (torch: `param.data`).
+
+        Assigning replaces the value (a jax, NumPy or torch array, or a Python
+        number); it is how an optimizer's step writes its result, and how you
+        set a value by hand. Assign an array of the same shape and dtype: the
+        optimizers' state was made for those.
+
+        Raises:
+          TypeError: on assignment, a value that is not an array or a number.
+        """
         return self._storage.value(self._index)
 
     @data.setter
@@ -95,7 +131,19 @@ class Parameter:
 
     @property
     def grad(self) -> Any:
-        """The accumulated gradient, or ``None``."""
+        """The accumulated gradient: an array shaped as `.data`, or `None` (torch: `param.grad`).
+
+        [backward][lucid.backward] adds to it (sets it when `None`); an
+        optimizer's `zero_grad()` sets it back to `None` (or zeros with
+        `set_to_none=False`); `step()` updates the parameters whose gradient
+        is not `None`. You may assign any array (a jax, NumPy or torch array,
+        or a `jax.experimental.sparse` array for the optimizers that take
+        sparse gradients) or `None`; its shape and dtype are checked, with
+        torch's errors, when a step uses it.
+
+        Raises:
+          TypeError: on assignment, something that is neither an array nor `None`.
+        """
         return self._storage.grad(self._index)
 
     @grad.setter
@@ -112,45 +160,72 @@ class Parameter:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The value's shape."""
+        """The value's shape, a tuple of ints (torch: `param.shape`), read without
+        touching the array."""
         return self._storage.shape(self._index)
 
     @property
     def dtype(self) -> np.dtype:
-        """The value's dtype."""
+        """The value's dtype, a NumPy dtype (`dtype('float32')`; torch: `param.dtype`)."""
         return self._storage.dtype(self._index)
 
     @property
     def ndim(self) -> int:
-        """The number of dimensions."""
+        """The number of dimensions, `len(shape)` (torch: `param.ndim`)."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
-        """The number of elements."""
+        """The number of elements, the product of `shape` (torch: `param.numel()`; note
+        that torch's `param.size()` is the shape)."""
         return int(np.prod(self.shape))
 
     # ---------------------------------------------------------- storage
     @property
     def location(self) -> tuple[Storage, int]:
-        """``(storage, index)``: where the value and gradient live now."""
+        """`(storage, index)`: the storage the value and gradient live in now, and
+        this parameter's index in it.
+
+        A parameter starts in a storage of its own (index 0); a compiled
+        optimizer moves it into a slice of its flat buffers. For code that
+        works on storages (lucid's clipping and tracing); a training loop never
+        needs it.
+        """
         return self._storage, self._index
 
     def relocate(self, storage: Storage, index: int = 0) -> None:
-        """Make ``storage`` at ``index`` the one place this parameter lives.
+        """Make `storage` at `index` the one place this parameter lives.
 
-        For storages (compiled optimizers move parameters into flat buffers):
-        the new storage must already hold the current value and gradient.
+        For storages (a compiled optimizer moves its parameters into flat
+        buffers this way): the new storage must already hold the current value
+        and gradient, since nothing is copied.
+
+        Args:
+          storage: the new storage (it implements `lucid._storage.Storage`).
+          index: this parameter's index in `storage`.
         """
         self._storage, self._index = storage, index
 
     def release(self) -> None:
-        """Move the value and gradient back into arrays of the parameter's own."""
+        """Move the value and gradient back into arrays of the parameter's own.
+
+        The inverse of [relocate][lucid.Parameter.relocate]: afterwards the
+        parameter no longer shares a buffer with a compiled optimizer.
+        """
         self._storage, self._index = OwnArrays(self.data, self.grad), 0
 
     # ------------------------------------------------------------ misc
     def numpy(self) -> np.ndarray:
-        """A NumPy copy of the current value."""
+        """A NumPy copy of the current value (torch: `param.detach().numpy()`).
+
+        Returns:
+          A new `np.ndarray`; changing it does not change the Parameter.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> lucid.Parameter(jnp.array([1.0, 2.0])).numpy().tolist()
+          [1.0, 2.0]
+        """
         return np.array(self.data)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:

@@ -1,9 +1,9 @@
-"""Where a :class:`~lucid.Parameter`'s value and gradient live.
+"""Where a `Parameter`'s value and gradient live.
 
 A Parameter is an identity; its value and gradient live in exactly one
-*storage* at a time, at an index. The default, :class:`OwnArrays`, is one
+*storage* at a time, at an index. The default, `OwnArrays`, is one
 parameter's own pair of arrays. A compiled optimizer moves the parameters it
-steps into flat buffers (:class:`lucid.optim._store.FlatStore`) that implement
+steps into flat buffers (`lucid.optim._store.FlatStore`) that implement
 the same small protocol, so ``p.data`` and ``p.grad`` keep working, and so do
 other optimizers holding the same Parameter: each reads and writes the one
 place the value lives.
@@ -12,7 +12,7 @@ The protocol has two halves. *Access*: ``value``, ``set_value``, ``grad``,
 ``set_grad``, ``grad_present`` (without reading the gradient), ``shape``,
 ``dtype``, ``clear_grads``, and ``grad_buffer`` / ``set_grad_buffer`` for
 whole-storage gradient work (clipping) in one call. *Tracing*, used by
-:func:`lucid.backward` and fused steps to differentiate through stored
+`lucid.backward` and fused steps to differentiate through stored
 parameters without copying them out: ``buffer`` (the array holding every value
 of the storage), ``layout`` (how the buffer holds them, hashable) and
 ``add_grads`` (accumulate a gradient with respect to the whole buffer).
@@ -50,7 +50,7 @@ class Storage(Protocol):
         parameters at ``indices`` are exactly those with a gradient; else None."""
 
     def set_grad_buffer(self, buffer: Array) -> None:
-        """Replace the gradient buffer :meth:`grad_buffer` returned (same layout)."""
+        """Replace the gradient buffer `grad_buffer` returned (same layout)."""
 
     @property
     def buffer(self) -> Array: ...

@@ -1,11 +1,11 @@
-"""Differentiating through Parameters, wherever they are stored: ``backward``.
+"""Differentiating through Parameters, wherever they are stored: `backward`.
 
-:func:`partition` splits ``(tree, args, kwargs)`` into traced inputs (the
-buffer of every :class:`~lucid._storage.Storage` a Parameter lives in, and
-plain arrays) and a hashable static part; :func:`rebuild_from_views` puts the
-tree back together from the storages' per-parameter views inside a trace. Both
-:func:`backward` and the compiled optimizer's fused step use this pair, so a
-loss function sees the same arrays however its parameters are stored.
+`partition` splits `(tree, args, kwargs)` into traced inputs (the buffer of
+every `lucid._storage.Storage` a Parameter lives in, and plain arrays) and a
+hashable static part; `rebuild_from_views` puts the tree back together from
+the storages' per-parameter views inside a trace. Both `backward` and the
+compiled optimizer's fused step use this pair, so a loss function sees the
+same arrays however its parameters are stored.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def _value_and_grads(
 
 
 def rebuild_from_views(static: tuple, views: list, arrays: list) -> tuple[Any, tuple, dict]:
-    """:func:`rebuild`, from views already cut."""
+    """The `(tree, args, kwargs)` `partition` split, rebuilt from the storages' views
+    (already cut) and the traced arrays."""
     treedef, kinds, static_leaves, _ = static
     array_it, other_it = iter(arrays), iter(static_leaves)
     leaves = []
@@ -143,29 +144,42 @@ def value_and_grads(
 
 
 def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
-    """Evaluate ``loss_fn(tree, *args, **kwargs)`` and accumulate gradients into ``.grad``.
+    """Evaluate `loss_fn(tree, *args, **kwargs)` and add its gradients to the Parameters' `.grad`.
 
-    Every :class:`Parameter` in the pytree ``tree`` (or in ``args``/``kwargs``)
-    is replaced by its array before ``loss_fn`` sees it; the gradient of the
-    (scalar) loss with respect to each Parameter is *added* to its ``.grad``
-    (set when it was ``None``), as ``loss.backward()`` does in torch.
+    lucid's `loss.backward()`. Every [Parameter][lucid.Parameter] in `tree`
+    (or in `args`/`kwargs`) is replaced by its array before `loss_fn` sees it,
+    and for each Parameter $p$ the gradient of the scalar loss $L$ is
+    accumulated as torch accumulates it:
 
-    ``loss_fn`` runs under ``jax.jit``, compiled once per structure: arrays
+    $$
+    p.\\mathrm{grad} \\leftarrow
+    \\begin{cases}
+    \\partial L / \\partial p & \\text{if } p.\\mathrm{grad} \\text{ is None} \\\\
+    p.\\mathrm{grad} + \\partial L / \\partial p & \\text{otherwise.}
+    \\end{cases}
+    $$
+
+    `loss_fn` runs under `jax.jit`, compiled once per structure: arrays
     anywhere in the arguments are traced, every other leaf (Python numbers,
-    strings, callables) is static, as with ``equinox.filter_jit``. So
-    ``loss_fn`` must be a pure function of its inputs (no side effects), like
-    any JAX loss. Arguments that cannot be hashed fall back to eager
-    evaluation. Parameters on different devices are gathered on one device
-    for the call; their gradients land where each parameter lives.
+    strings, callables) is static and part of the cache key, as with
+    `equinox.filter_jit`. So `loss_fn` must be a pure function of its inputs
+    (no side effects), like any JAX loss. Arguments that cannot be hashed fall
+    back to eager evaluation. Parameters on different devices are gathered on
+    one device for the call; each gradient lands where its parameter lives.
+    Parameters held by a compiled optimizer are differentiated in place,
+    through views of its buffers.
 
     Args:
-      loss_fn: ``loss_fn(tree, *args, **kwargs) -> scalar``.
-      tree: a pytree holding Parameters.
-      *args: further arguments (may hold Parameters too).
-      **kwargs: further keyword arguments.
+      loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, the loss as a pure
+        JAX function of arrays.
+      tree: a pytree holding Parameters (a Parameter, a dict or list of them,
+        a model object registered as a pytree).
+      *args: further positional arguments of `loss_fn` (data, targets); they
+        may hold Parameters too.
+      **kwargs: further keyword arguments of `loss_fn`.
 
     Returns:
-      The loss.
+      The loss, a 0-d `jax.Array`.
 
     Raises:
       ValueError: the arguments hold no Parameter.
@@ -175,6 +189,9 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
       >>> w = lucid.Parameter(jnp.array([1.0, 2.0]))
       >>> float(lucid.backward(lambda w: (w ** 2).sum(), w)), w.grad.tolist()
       (5.0, [2.0, 4.0])
+      >>> loss = lucid.backward(lambda w, x: (w * x).sum(), w, jnp.array([1.0, 1.0]))
+      >>> w.grad.tolist()  # accumulated, as torch's backward() does
+      [3.0, 5.0]
     """
     traced = partition(tree, args, kwargs)
     if not traced.storages:

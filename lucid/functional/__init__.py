@@ -1,8 +1,10 @@
 """Pure, jit-able torch.optim rules as optax transformations, and the schedules.
 
-Every optimizer here is an ``optax.GradientTransformation`` with torch.optim's
-keyword names and defaults; ``schedules`` holds torch's LR schedulers as
-step-indexed functions.
+Every optimizer here is an `optax.GradientTransformation` with torch.optim's
+keyword names and defaults; [lucid.functional.schedules][] holds torch's LR
+schedulers as step-indexed functions, [lucid.functional.averaging][] torch's
+weight averages, and [clip_grad_norm][lucid.functional.clip_grad_norm] torch's
+gradient clipping as a transform.
 """
 
 from . import averaging, schedules

@@ -1,6 +1,6 @@
 """Hyper-parameter checks with torch.optim's conditions and wording.
 
-Every hyper-parameter goes through :func:`scalar` first: a real number (Python
+Every hyper-parameter goes through `scalar` first: a real number (Python
 or NumPy) or a one-element array (jax, NumPy or torch) is checked by value; a
 multi-element array is torch's ``ValueError``; anything else (a string,
 ``None``, a list, a complex value) is a ``TypeError`` naming the argument.

@@ -1,4 +1,4 @@
-"""The parts of ``torch.nn`` a training loop calls on parameters: ``lucid.nn.utils``."""
+"""The parts of `torch.nn` a training loop calls on parameters: [lucid.nn.utils][]."""
 
 from . import utils
 

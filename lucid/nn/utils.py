@@ -1,11 +1,13 @@
-"""``torch.nn.utils``' gradient clipping, over :class:`~lucid.Parameter` gradients.
+"""`torch.nn.utils`' gradient clipping, over [Parameter][lucid.Parameter] gradients.
 
-Same names, signatures and return values as torch 2.13: ``clip_grad_norm_``
+Same names, signatures and return values as torch 2.13: `clip_grad_norm_`
 returns the total norm (a 0-d array) and scales every gradient by
-``min(1, max_norm / (total_norm + 1e-6))``; ``clip_grad_value_`` clamps them.
+`min(1, max_norm / (total_norm + 1e-6))`; `clip_grad_value_` clamps them.
 Gradients held by a compiled optimizer's flat buffer are clipped as that one
 buffer, so clipping thousands of parameters is one small executable, not
-thousands of dispatches. The math is :mod:`lucid.functional.clipping`'s.
+thousands of dispatches. The math is `lucid.functional.clipping`'s; for a
+pure pipeline, [clip_grad_norm][lucid.functional.clip_grad_norm] is the
+same rule as an optax transform.
 """
 
 from __future__ import annotations
@@ -111,19 +113,30 @@ def get_total_norm(
     error_if_nonfinite: bool = False,
     foreach: bool | None = None,
 ) -> Array:
-    """The norm of the norms of ``tensors`` (torch's ``get_total_norm``).
+    """The norm of the norms of `tensors`, as if they were one vector (torch's `get_total_norm`).
+
+    $N = \\lVert (\\lVert t_1 \\rVert_p, \\dots, \\lVert t_k \\rVert_p) \\rVert_p$
+    with $p$ = `norm_type`.
 
     Args:
-      tensors: arrays (e.g. gradients).
-      norm_type: the norm's order (``inf`` for the max norm).
+      tensors: an array, or an iterable of arrays (e.g. gradients) $t_i$.
+      norm_type: the order $p$ of the norms (`float("inf")` for the max norm).
       error_if_nonfinite: raise when the total is nan or inf.
       foreach: accepted for torch compatibility; ignored.
 
     Returns:
-      A 0-d array (``0.0`` for no tensors).
+      $N$, a 0-d array (`0.0` for no tensors).
 
     Raises:
-      RuntimeError: ``error_if_nonfinite`` and a non-finite total.
+      RuntimeError: `error_if_nonfinite` and a non-finite total.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> grads = [jnp.array([3.0]), jnp.array([4.0])]
+      >>> float(lucid.nn.utils.get_total_norm(grads))
+      5.0
+      >>> float(lucid.nn.utils.get_total_norm(grads, norm_type=float("inf")))
+      4.0
     """
     arrays = [tensors] if isinstance(tensors, jax.Array) else list(tensors)
     if not arrays:
@@ -148,13 +161,27 @@ def clip_grads_with_norm_(
     total_norm: Array,
     foreach: bool | None = None,
 ) -> None:
-    """Scale the gradients by ``min(1, max_norm / (total_norm + 1e-6))`` (torch's).
+    """Scale the gradients by `min(1, max_norm / (total_norm + 1e-6))`, in place (torch's).
+
+    The second half of [clip_grad_norm_][lucid.nn.utils.clip_grad_norm_],
+    for a total norm computed otherwise (e.g. over several groups of
+    parameters, with [get_total_norm][lucid.nn.utils.get_total_norm]).
 
     Args:
-      parameters: Parameters whose ``.grad`` is scaled (those without one are skipped).
+      parameters: a Parameter or an iterable of them, whose `.grad` is scaled
+        (those without one are skipped).
       max_norm: the largest norm kept.
-      total_norm: the norm to scale by (from :func:`get_total_norm`).
+      total_norm: the total norm to scale by, a 0-d array.
       foreach: accepted for torch compatibility; ignored.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.zeros(2))
+      >>> w.grad = jnp.array([3.0, 4.0])
+      >>> total = lucid.nn.utils.get_total_norm([w.grad])
+      >>> lucid.nn.utils.clip_grads_with_norm_([w], max_norm=1.0, total_norm=total)
+      >>> [round(x, 4) for x in w.grad.tolist()]
+      [0.6, 0.8]
     """
     grads = _Gradients(_parameters(parameters))
     if grads.arrays:
@@ -168,24 +195,30 @@ def clip_grad_norm_(
     error_if_nonfinite: bool = False,
     foreach: bool | None = None,
 ) -> Array:
-    """Clip the gradients' total norm to ``max_norm``, in place (torch's ``clip_grad_norm_``).
+    """Clip the gradients' total norm to `max_norm`, in place (torch's `clip_grad_norm_`).
 
-    The total norm is the ``norm_type``-norm of the gradients' norms, as if they
-    were one vector; every gradient is multiplied by
-    ``min(1, max_norm / (total_norm + 1e-6))``.
+    With $g_i$ the gradients and $p$ = `norm_type`, the total norm is
+    $N = \\lVert (\\lVert g_1 \\rVert_p, \\dots, \\lVert g_k \\rVert_p) \\rVert_p$,
+    as if the gradients were one vector, and every gradient is multiplied by
+
+    $$
+    c = \\min\\left(1, \\frac{\\text{max\\_norm}}{N + 10^{-6}}\\right).
+    $$
+
+    Call it between [backward][lucid.backward] and the optimizer's `step()`.
 
     Args:
-      parameters: a Parameter or an iterable of them (``None`` gradients are skipped).
+      parameters: a Parameter or an iterable of them (`None` gradients are skipped).
       max_norm: the largest total norm kept.
-      norm_type: the norm's order (``inf`` for the max norm).
-      error_if_nonfinite: raise (and change nothing) when the total is nan or inf.
+      norm_type: the order $p$ of the norms (`float("inf")` for the max norm).
+      error_if_nonfinite: raise (and change nothing) when $N$ is nan or inf.
       foreach: accepted for torch compatibility; ignored.
 
     Returns:
-      The total norm before clipping (a 0-d array; ``0.0`` without gradients).
+      $N$, the total norm before clipping (a 0-d array; `0.0` without gradients).
 
     Raises:
-      RuntimeError: ``error_if_nonfinite`` and a non-finite total norm.
+      RuntimeError: `error_if_nonfinite` and a non-finite total norm.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -213,12 +246,20 @@ def clip_grad_norm_(
 def clip_grad_value_(
     parameters: Parameter | Iterable[Parameter], clip_value: float, foreach: bool | None = None
 ) -> None:
-    """Clamp every gradient to ``[-clip_value, clip_value]``, in place (torch's).
+    """Clamp every gradient elementwise to `[-clip_value, clip_value]`, in place (torch's).
 
     Args:
-      parameters: a Parameter or an iterable of them (``None`` gradients are skipped).
+      parameters: a Parameter or an iterable of them (`None` gradients are skipped).
       clip_value: the largest magnitude kept.
       foreach: accepted for torch compatibility; ignored.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.zeros(3))
+      >>> w.grad = jnp.array([-2.0, 0.5, 3.0])
+      >>> lucid.nn.utils.clip_grad_value_(w, clip_value=1.0)
+      >>> w.grad.tolist()
+      [-1.0, 0.5, 1.0]
     """
     grads = _Gradients(_parameters(parameters))
     if grads.arrays:

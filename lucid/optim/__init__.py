@@ -1,4 +1,12 @@
-"""torch.optim's stateful API over lucid.functional's rules."""
+"""torch.optim's stateful API over [lucid.functional][]'s rules.
+
+The optimizers take torch's constructor arguments and defaults, keep torch's
+`param_groups` and state names, and load and save torch's `state_dict`
+format; [lucid.optim.lr_scheduler][] and [lucid.optim.swa_utils][] work on
+them as torch's do. [compile_optimizer][lucid.optim.compile_optimizer] runs a
+step as one compiled executable; [lucid.optim.checkpoint][] saves sharded
+state with orbax.
+"""
 
 from . import lr_scheduler, swa_utils
 from ._state import to_torch

@@ -1,11 +1,11 @@
 """How an optimizer's step runs: the backend interface and the eager backend.
 
-:class:`~lucid.optim.Optimizer` owns ``param_groups`` and the torch API; a
+`Optimizer` owns ``param_groups`` and the torch API; a
 *backend* runs the steps and keeps the per-parameter state (the rule's state
-NamedTuples of :mod:`lucid.optim._state`). Two implement :class:`Backend`:
-:class:`EagerBackend` (one jitted call per parameter group and device) and the
-compiled backend of :func:`lucid.optim.compile_optimizer` (one executable over
-flat buffers). Both start states with :func:`lucid.optim._state.begin`, so
+NamedTuples of `lucid.optim._state`). Two implement `Backend`:
+`EagerBackend` (one jitted call per parameter group and device) and the
+compiled backend of `lucid.optim.compile_optimizer` (one executable over
+flat buffers). Both start states with `lucid.optim._state.begin`, so
 compiling changes speed, never numbers.
 
 A backend reads from its optimizer only ``rule``, ``param_groups`` and

@@ -3,18 +3,18 @@
 Parameters are grouped into *buckets* -- same param group, dtype and device,
 and identical per-parameter scalar state (``step``, ``eta``...) -- and each
 bucket keeps its values, gradients and state in flat buffers
-(:class:`~lucid.optim._store.FlatStore`; parameters with a sharding no flat
+(`FlatStore`; parameters with a sharding no flat
 buffer can keep stay alone). One jitted function per device domain applies the
 rule to every bucket, with:
 
 * hyper-parameters read from ``param_groups`` at every step and fed as one
   runtime vector, placed where the buckets live, so schedulers and hand edits
   never recompile;
-* states begun by :func:`lucid.optim._state.begin`, exactly as the eager
+* states begun by `lucid.optim._state.begin`, exactly as the eager
   backend does (at a parameter's first step with a gradient, from its group's
   values then); the value and state buffers donated, so the update is in place;
 * a parameter that already lives in another compiled optimizer's store
-  *borrowed* (:class:`~lucid.optim._store.Borrowed`), never moved, so both
+  *borrowed* (`Borrowed`), never moved, so both
   optimizers see each other's updates;
 * only a change of structure (a new group, shape, dtype, flag or state field,
   or a bucket whose parameters stop having gradients together) building a new
@@ -410,7 +410,7 @@ class CompiledBackend:
         return {g: hyper_values(self.rule, groups[g]) for g in {b.group for b in buckets}}
 
     def _begin(self, buckets: list[_Bucket], groups: dict[int, tuple]) -> list[Any]:
-        """Each bucket's state for this step (:func:`lucid.optim._state.begin`)."""
+        """Each bucket's state for this step (`lucid.optim._state.begin`)."""
         states = []
         for bucket in buckets:
             group = self.optimizer.param_groups[bucket.group]

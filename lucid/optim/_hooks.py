@@ -1,10 +1,10 @@
 """torch.optim's hooks: registries, removable handles and the step wrapper.
 
-torch calls, around every ``step``: the global step pre-hooks, then the
-optimizer's own (each may return ``(new_args, new_kwargs)``), the step, then the
-optimizer's own post-hooks and the global ones. ``state_dict`` and
-``load_state_dict`` have pre- and post-hooks with ``prepend``. Every
-registration returns a handle whose ``remove()`` unregisters it.
+torch calls, around every `step`: the global step pre-hooks, then the
+optimizer's own (each may return `(new_args, new_kwargs)`), the step, then the
+optimizer's own post-hooks and the global ones. `state_dict` and
+`load_state_dict` have pre- and post-hooks with `prepend`. Every
+registration returns a handle whose `remove()` unregisters it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,19 @@ _ids = itertools.count()
 
 
 class RemovableHandle:
-    """Unregisters a hook with ``remove()`` (or on leaving a ``with`` block), as torch's.
+    """The handle of a registered hook: `remove()` unregisters it (torch's `RemovableHandle`).
+
+    Returned by every hook registration
+    ([Optimizer.register_step_pre_hook][lucid.optim.Optimizer.register_step_pre_hook]
+    and the others). Used as a context manager, it removes the hook on
+    leaving the `with` block.
+
+    Args:
+      registry: the ordered dict of hooks the handle's hook is registered in.
+
+    Attributes:
+      registry: the ordered dict of hooks, by id.
+      id: the key of the handle's hook in `registry` (unique in the process).
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -44,7 +56,7 @@ class RemovableHandle:
 
 
 def register(registry: OrderedDict, hook: Callable, prepend: bool = False) -> RemovableHandle:
-    """Add ``hook`` to ``registry`` (first with ``prepend``) and return its handle."""
+    """Add `hook` to `registry` (first with `prepend`) and return its handle."""
     handle = RemovableHandle(registry)
     registry[handle.id] = hook
     if prepend:
@@ -57,18 +69,57 @@ GLOBAL_STEP_POST_HOOKS: OrderedDict[int, Callable] = OrderedDict()
 
 
 def register_optimizer_step_pre_hook(hook: Callable) -> RemovableHandle:
-    """Register ``hook(optimizer, args, kwargs) -> None | (args, kwargs)`` before every
-    optimizer's step (torch.optim.optimizer's global hook)."""
+    """Register a hook called before the step of every optimizer (a global hook).
+
+    torch's `torch.optim.optimizer.register_optimizer_step_pre_hook`: the
+    global pre-hooks run before each optimizer's own
+    ([Optimizer.register_step_pre_hook][lucid.optim.Optimizer.register_step_pre_hook]).
+
+    Args:
+      hook: `hook(optimizer, args, kwargs) -> None | (new_args, new_kwargs)`;
+        a returned pair replaces the step's arguments.
+
+    Returns:
+      A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> from lucid.optim.optimizer import register_optimizer_step_pre_hook
+      >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+      >>> with register_optimizer_step_pre_hook(lambda o, a, k: print(type(o).__name__)):
+      ...     opt.step()
+      SGD
+    """
     return register(GLOBAL_STEP_PRE_HOOKS, hook)
 
 
 def register_optimizer_step_post_hook(hook: Callable) -> RemovableHandle:
-    """Register ``hook(optimizer, args, kwargs)`` after every optimizer's step."""
+    """Register a hook called after the step of every optimizer (a global hook).
+
+    torch's `torch.optim.optimizer.register_optimizer_step_post_hook`: the
+    global post-hooks run after each optimizer's own
+    ([Optimizer.register_step_post_hook][lucid.optim.Optimizer.register_step_post_hook]).
+
+    Args:
+      hook: `hook(optimizer, args, kwargs) -> None`.
+
+    Returns:
+      A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> from lucid.optim.optimizer import register_optimizer_step_post_hook
+      >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+      >>> handle = register_optimizer_step_post_hook(lambda o, a, k: print("stepped"))
+      >>> opt.step()
+      stepped
+      >>> handle.remove()
+    """
     return register(GLOBAL_STEP_POST_HOOKS, hook)
 
 
 def hooked_step(step: Callable) -> Callable:
-    """``step`` with torch's hook calls around it (see the module docstring)."""
+    """`step` with torch's hook calls around it (see the module docstring)."""
     if getattr(step, "hooked", False):
         return step
 

@@ -2,15 +2,15 @@
 
 A parameter's optimizer state is its rule's state NamedTuple (``AdamState``...),
 whose fields are torch's state names plus, for a few rules, fields torch does
-not show (:attr:`Rule.hidden`). torch's rules for its life, written once here:
+not show (`Rule.hidden`). torch's rules for its life, written once here:
 
 * it is created at the first step in which the parameter has a gradient, from
-  its group's hyper-parameters *at that moment* (:func:`begin`);
+  its group's hyper-parameters *at that moment* (`begin`);
 * an option that owns a field, turned on later, starts that field where torch
   does and raises torch's ``KeyError`` where torch does; turned off, it leaves
-  the field untouched (:func:`begin`, through ``resume_leaf``);
-* a state_dict shows the fields torch shows (:func:`export`), and a saved entry
-  is checked and converted back by :func:`load_entry`.
+  the field untouched (`begin`, through ``resume_leaf``);
+* a state_dict shows the fields torch shows (`export`), and a saved entry
+  is checked and converted back by `load_entry`.
 """
 
 from __future__ import annotations
@@ -155,18 +155,33 @@ def to_array(value: Any) -> Any:
 
 
 def to_torch(state_dict: Any) -> Any:
-    """A state_dict (lucid's, or anything nested of dicts, lists and tuples) with every
-    jax or NumPy array as a CPU torch tensor of the same dtype (bfloat16 and float8
-    included) and NumPy scalars as Python numbers: what ``torch.save`` writes and
-    ``torch.load(..., weights_only=True)`` reads back, and what a torch optimizer's
-    ``load_state_dict`` takes. Needs torch installed.
+    """A state_dict with torch tensors for arrays: what torch saves, loads and takes.
+
+    Every jax or NumPy array becomes a CPU torch tensor of the same dtype
+    (bfloat16 and float8 included) and every NumPy scalar a Python number,
+    through any nesting of dicts, lists and tuples. The result is what
+    `torch.save` writes and `torch.load(..., weights_only=True)` reads back,
+    and what a torch optimizer's `load_state_dict` takes. (The other way
+    needs no conversion: lucid's `load_state_dict` reads torch tensors.)
+    Needs torch installed.
+
+    Args:
+      state_dict: a state_dict (an optimizer's or a scheduler's), or anything
+        nested of dicts, lists and tuples holding arrays.
+
+    Returns:
+      The same structure, arrays as torch tensors; other values unchanged.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
-      >>> opt = lucid.optim.Adam([lucid.Parameter(jnp.zeros(2))])
+      >>> w = lucid.Parameter(jnp.zeros(2))
+      >>> opt = lucid.optim.Adam([w])
+      >>> w.grad = jnp.ones(2)
+      >>> opt.step()
       >>> sd = lucid.optim.to_torch(opt.state_dict())
-      >>> (group,) = sd["param_groups"]
-      >>> type(group["lr"]).__name__
+      >>> type(sd["state"][0]["exp_avg"]).__name__, sd["state"][0]["step"].dtype
+      ('Tensor', torch.float32)
+      >>> type(sd["param_groups"][0]["lr"]).__name__
       'float'
     """
     if isinstance(state_dict, jax.Array | np.ndarray):

@@ -1,6 +1,6 @@
 """Flat storage behind Parameter boxes, for the compiled step.
 
-A :class:`FlatStore` (a :class:`lucid._storage.Storage`) holds the values of
+A `FlatStore` (a `lucid._storage.Storage`) holds the values of
 several Parameters of one dtype and one placement as a single buffer
 (``flat``): 1-D for parameters on one device or replicated, ``(rows,
 columns)`` for parameters sharded along their first axis, so each device holds
@@ -175,7 +175,7 @@ class FlatStore:
         return self._assembled(arrays)
 
     def _assembled(self, arrays: Sequence[Array]) -> Array:
-        """:func:`join_views` without its cost at start-up: one ``concatenate`` of
+        """`join_views` without its cost at start-up: one ``concatenate`` of
         thousands of arrays is an XLA compilation of seconds, while writing each piece
         into a zeros buffer reuses one small executable per distinct piece shape."""
         dtype = jnp.asarray(arrays[0]).dtype
@@ -188,7 +188,7 @@ class FlatStore:
         return buffer
 
     def like_state(self, arrays: Sequence[Array]) -> Array:
-        """Per-parameter state arrays as one state buffer of this store (:meth:`like`,
+        """Per-parameter state arrays as one state buffer of this store (`like`,
         sharded and padded when the state is sharded)."""
         if self.state_sharding is None:
             return self.like(arrays)

@@ -1,17 +1,19 @@
-"""Checkpoints of sharded optimizer state with orbax-checkpoint.
+"""Checkpoints of sharded optimizer state, with orbax-checkpoint.
 
-``save(directory, opt)`` writes ``opt.state_dict()`` -- torch's format, state
-entries by parameter index -- with orbax-checkpoint, the JAX ecosystem's
-checkpoint library: each process writes the shards its devices hold, nothing
-is gathered. ``restore(directory, opt)`` reads each state array straight into
-the sharding the optimizer keeps it in (each process reads its own shards) and
-loads it with ``opt.load_state_dict``. ``load(directory)`` reads a checkpoint
-in one process, on one device, as the single-device state_dict (NumPy arrays,
-or torch tensors with ``as_torch=True``) that torch's ``load_state_dict``
-takes.
+[save][lucid.optim.checkpoint.save] writes `opt.state_dict()` (torch's
+format, state entries by parameter index) with orbax-checkpoint, the JAX
+ecosystem's checkpoint library: each process writes the shards its devices
+hold, nothing is gathered. [restore][lucid.optim.checkpoint.restore] reads
+each state array straight into the sharding the optimizer keeps it in (each
+process reads its own shards) and loads it with `opt.load_state_dict`.
+[load][lucid.optim.checkpoint.load] reads a checkpoint in one process, on
+one device, as the single-device state_dict (NumPy arrays, or torch tensors
+with `as_torch=True`) that torch's `load_state_dict` takes.
 
-orbax-checkpoint is an optional dependency: ``pip install orbax-checkpoint``.
-In a multi-process job every process calls ``save`` and ``restore`` alike.
+orbax-checkpoint is an optional dependency: `pip install orbax-checkpoint`.
+In a multi-process job every process calls `save` and `restore` alike. For a
+single device, `opt.state_dict()` with
+[to_torch][lucid.optim.to_torch] and `torch.save` is enough.
 """
 
 from __future__ import annotations
@@ -56,14 +58,35 @@ def _from_json(value: Any, like: Any = ()) -> Any:
 
 
 def save(directory: str | os.PathLike, optimizer: Any) -> None:
-    """Write ``optimizer``'s state_dict to ``directory`` (must not exist) with orbax.
+    """Write `optimizer`'s state_dict to a new directory, with orbax-checkpoint.
 
     Every process of a multi-process job calls it; each writes the shards of
-    the state its devices hold.
+    the state its devices hold (nothing is gathered). The param groups'
+    options go to a JSON entry beside the arrays.
 
     Args:
-      directory: a new directory (an absolute path, or one made absolute here).
-      optimizer: a lucid optimizer or :class:`~lucid.optim.CompiledOptimizer`.
+      directory: the directory to create (it must not exist); a relative path
+        is made absolute here.
+      optimizer: a lucid optimizer or a
+        [CompiledOptimizer][lucid.optim.CompiledOptimizer].
+
+    Raises:
+      ImportError: orbax-checkpoint is not installed.
+
+    Examples:
+      >>> import os, tempfile, jax.numpy as jnp, lucid
+      >>> from lucid.optim import checkpoint
+      >>> w = lucid.Parameter(jnp.zeros(2))
+      >>> opt = lucid.optim.Adam([w], lr=0.1)
+      >>> w.grad = jnp.ones(2)
+      >>> opt.step()
+      >>> tmp = tempfile.TemporaryDirectory()
+      >>> checkpoint.save(os.path.join(tmp.name, "step1"), opt)
+      >>> again = lucid.optim.Adam([w], lr=0.5)
+      >>> checkpoint.restore(os.path.join(tmp.name, "step1"), again)
+      >>> again.param_groups[0]["lr"], [round(x, 4) for x in again.state[w]["exp_avg"].tolist()]
+      (0.1, [0.1, 0.1])
+      >>> tmp.cleanup()
     """
     ocp = _orbax()
     state_dict = optimizer.state_dict()
@@ -124,13 +147,38 @@ def _state_sharding(optimizer: Any, p: Parameter, shape: tuple[int, ...]) -> Any
 
 
 def restore(directory: str | os.PathLike, optimizer: Any) -> None:
-    """Load a checkpoint written by :func:`save` into ``optimizer``: each process reads
-    only the shards its devices keep, and ``load_state_dict`` checks everything.
+    """Load a checkpoint written by [save][lucid.optim.checkpoint.save] into `optimizer`.
+
+    Each process reads only the shards its devices keep: every state array is
+    read straight into the sharding the optimizer keeps it in (the
+    parameter's, or sharded over `shard_state_over` for a compiled
+    optimizer's replicated parameters). Then `optimizer.load_state_dict`
+    checks everything before changing anything.
 
     Args:
-      directory: what :func:`save` wrote.
-      optimizer: a lucid optimizer or :class:`~lucid.optim.CompiledOptimizer` with
-        the same parameters (same order, shapes and dtypes) as the saved one.
+      directory: what [save][lucid.optim.checkpoint.save] wrote.
+      optimizer: a lucid optimizer or a
+        [CompiledOptimizer][lucid.optim.CompiledOptimizer] with the same
+        parameters (same order, shapes and dtypes) as the saved one.
+
+    Raises:
+      ImportError: orbax-checkpoint is not installed.
+      ValueError: the checkpoint does not fit `optimizer` (nothing changed).
+
+    Examples:
+      >>> import os, tempfile, jax.numpy as jnp, lucid
+      >>> from lucid.optim import checkpoint
+      >>> w = lucid.Parameter(jnp.zeros(2))
+      >>> opt = lucid.optim.SGD([w], lr=0.1, momentum=0.9)
+      >>> w.grad = jnp.ones(2)
+      >>> opt.step()
+      >>> tmp = tempfile.TemporaryDirectory()
+      >>> checkpoint.save(os.path.join(tmp.name, "ckpt"), opt)
+      >>> compiled = lucid.compile_optimizer(lucid.optim.SGD([w], lr=0.1, momentum=0.9))
+      >>> checkpoint.restore(os.path.join(tmp.name, "ckpt"), compiled)
+      >>> compiled.state[w]["momentum_buffer"].tolist()
+      [1.0, 1.0]
+      >>> tmp.cleanup()
     """
     runner = getattr(optimizer, "optimizer", optimizer)
     params = [p for group in runner.param_groups for p in group["params"]]
@@ -160,15 +208,37 @@ def restore(directory: str | os.PathLike, optimizer: Any) -> None:
 
 
 def load(directory: str | os.PathLike, *, as_torch: bool = False) -> dict[str, Any]:
-    """A checkpoint of :func:`save` as one process's single-device state_dict.
+    """Read a checkpoint of [save][lucid.optim.checkpoint.save] as one process's state_dict.
+
+    Every array is read whole onto this process's CPU, whatever number of
+    processes wrote it: the single-device state_dict that an optimizer's
+    `load_state_dict` (lucid's or, with `as_torch`, torch's) takes.
 
     Args:
-      directory: what :func:`save` wrote (by any number of processes).
+      directory: what [save][lucid.optim.checkpoint.save] wrote (by any
+        number of processes).
       as_torch: torch tensors instead of NumPy arrays, ready for a torch
-        optimizer's ``load_state_dict``.
+        optimizer's `load_state_dict` (needs torch installed).
 
     Returns:
-      torch's format: ``{'state': {index: {name: array}}, 'param_groups': [...]}``.
+      torch's format: `{"state": {index: {name: array}}, "param_groups": [...]}`.
+
+    Raises:
+      ImportError: orbax-checkpoint (or, with `as_torch`, torch) is not installed.
+
+    Examples:
+      >>> import os, tempfile, jax.numpy as jnp, lucid
+      >>> from lucid.optim import checkpoint
+      >>> w = lucid.Parameter(jnp.zeros(2))
+      >>> opt = lucid.optim.Adam([w], lr=0.1)
+      >>> w.grad = jnp.ones(2)
+      >>> opt.step()
+      >>> tmp = tempfile.TemporaryDirectory()
+      >>> checkpoint.save(os.path.join(tmp.name, "ckpt"), opt)
+      >>> sd = checkpoint.load(os.path.join(tmp.name, "ckpt"), as_torch=True)
+      >>> sorted(sd["state"][0]), type(sd["state"][0]["exp_avg"]).__name__
+      (['exp_avg', 'exp_avg_sq', 'step'], 'Tensor')
+      >>> tmp.cleanup()
     """
     device = jax.local_devices(backend="cpu")[0]
 

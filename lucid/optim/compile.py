@@ -1,13 +1,13 @@
-"""``compile_optimizer`` and ``fused_step``: the whole step as one XLA executable.
+"""`compile_optimizer` and `fused_step`: the whole step as one XLA executable.
 
-``compile_optimizer(opt)`` hands ``opt``'s steps and state to the compiled
-backend (:mod:`lucid.optim._compiled`) and returns a
-:class:`CompiledOptimizer`, a thin handle with torch's optimizer API. The
-optimizer keeps its ``param_groups``, API and numbers: compiling changes speed,
-never results. LBFGS is the one exception the contract names: its compiled
-step is a different algorithm (the closure-less Barzilai-Borwein step of
-:func:`lucid.functional.lbfgs`), so it runs on a separate optimizer with its
-own state, sharing the L-BFGS's ``param_groups``, and the L-BFGS stays eager.
+`compile_optimizer(opt)` hands `opt`'s steps and state to the compiled
+backend (`lucid.optim._compiled`) and returns a `CompiledOptimizer`, a thin
+handle with torch's optimizer API. The optimizer keeps its `param_groups`,
+API and numbers: compiling changes speed, never results. LBFGS is the one
+exception the contract names: its compiled step is a different algorithm (the
+closure-less Barzilai-Borwein step of `lucid.functional.lbfgs`), so it runs on
+a separate optimizer with its own state, sharing the L-BFGS's `param_groups`,
+and the L-BFGS stays eager.
 """
 
 from __future__ import annotations
@@ -28,20 +28,31 @@ from .optimizer import Optimizer
 class CompiledOptimizer:
     """An optimizer whose step runs as one compiled, in-place XLA executable.
 
-    Returned by :func:`compile_optimizer`. It has torch's optimizer API and
-    forwards it to :attr:`optimizer`, whose steps and state the compiled
-    backend now runs and holds: ``opt.step()`` and ``compiled.step()`` are the
-    same step, ``state_dict()`` is in the eager (torch) format and moves both
-    ways. Hyper-parameters are read from ``param_groups`` at every step and fed
-    as runtime values, so schedulers and hand edits never recompile; a change
-    of structure (a new group, shape, dtype, flag or state field) builds a new
-    executable once.
+    Returned by [compile_optimizer][lucid.compile_optimizer] (build it that
+    way: constructing one directly skips its checks). It has torch's optimizer
+    API and forwards every call to `optimizer`, whose steps and state the
+    compiled backend now runs and holds: `opt.step()` and `compiled.step()`
+    are the same step, `state_dict()` is in the eager (torch) format and moves
+    both ways. Hyper-parameters are read from `param_groups` at every step and
+    fed as runtime values, so schedulers and hand edits never recompile; a
+    change of structure (a new group, shape, dtype, flag or state field)
+    builds a new executable once.
+
+    Parameters are grouped into buckets (same group, dtype and devices) whose
+    values, gradients and state live in flat buffers; the buffers are donated
+    to the executable, so the update happens in place and the cost per step
+    does not grow with the number of tensors.
+
+    Args:
+      optimizer: the optimizer to run compiled.
+      shard_state_over: a mesh axis name (or tuple of names) to shard the state
+        of replicated parameters over (ZeRO-1), or `None`.
 
     Attributes:
       optimizer: the optimizer that runs compiled (for LBFGS, the separate
-        Barzilai-Borwein optimizer that shares the L-BFGS's ``param_groups``).
+        Barzilai-Borwein optimizer that shares the L-BFGS's `param_groups`).
       shard_state_over: the mesh axis (or axes) the state of replicated
-        parameters is sharded over (ZeRO-1), or None.
+        parameters is sharded over (ZeRO-1), or `None`.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -50,8 +61,13 @@ class CompiledOptimizer:
       >>> compiled = lucid.compile_optimizer(opt)
       >>> w.grad = jnp.ones(3)
       >>> opt.step()  # runs the compiled step
-      >>> w.data.tolist()
-      [0.8999999761581421, 0.8999999761581421, 0.8999999761581421]
+      >>> [round(x, 4) for x in w.data.tolist()]
+      [0.9, 0.9, 0.9]
+      >>> compiled.step()  # the same step
+      >>> [round(x, 4) for x in w.data.tolist()]
+      [0.71, 0.71, 0.71]
+      >>> list(compiled.state_dict()["state"][0])
+      ['momentum_buffer']
     """
 
     def __init__(
@@ -63,42 +79,101 @@ class CompiledOptimizer:
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        """The optimizer's ``param_groups`` (the same list)."""
+        """The optimizer's `param_groups` (the same list: an edit of `lr` reaches the
+        next compiled step as a runtime value)."""
         return self.optimizer.param_groups
 
     @property
     def defaults(self) -> dict[str, Any]:
-        """The optimizer's constructor options."""
+        """The optimizer's `defaults`: its constructor options."""
         return self.optimizer.defaults
 
     @property
     def state(self) -> dict[Parameter, dict[str, Any]]:
-        """Per-parameter state with torch's names (a snapshot of the buffers)."""
+        """Per-parameter state with torch's names: a snapshot cut from the buffers
+        (assigning into it changes nothing; `load_state_dict` does)."""
         return self.optimizer.state
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One compiled update of every parameter with a gradient; returns ``closure()``'s loss."""
+        """One compiled update of every parameter that has a gradient (torch: `opt.step()`).
+
+        Args:
+          closure: an optional function that recomputes the loss (it runs first,
+            once, and its result is returned; for LBFGS, see the class summary).
+
+        Returns:
+          What `closure()` returned, or `None` without a closure.
+
+        Raises:
+          ValueError: a hyper-parameter edited into `param_groups` is invalid
+            (nothing has moved).
+          KeyError: torch's error for an option that owns a state entry turned on
+            after the state was made (nothing has moved).
+        """
         return self.optimizer.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset every parameter's gradient (to ``None`` by default, as torch)."""
+        """Reset every parameter's gradient (torch: `opt.zero_grad()`).
+
+        Args:
+          set_to_none: set each `.grad` to `None` (torch's default); `False`
+            fills it with zeros instead.
+        """
         self.optimizer.zero_grad(set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group (a change of structure: the next step builds a new executable)."""
+        """Add a parameter group (a change of structure: the next step builds a new executable).
+
+        As [Optimizer.add_param_group][lucid.optim.Optimizer.add_param_group].
+
+        Args:
+          param_group: `{"params": [...], **options}`; missing options take
+            the optimizer's `defaults`.
+        """
         self.optimizer.add_param_group(param_group)
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's format, cut from the buffers (a snapshot)."""
+        """The optimizer's state in torch's format, cut from the buffers (a snapshot).
+
+        Returns:
+          `{"state": {index: {name: array}}, "param_groups": [...]}`, as
+          [Optimizer.state_dict][lucid.optim.Optimizer.state_dict]: loadable by
+          the eager optimizer, by this one and (through
+          [to_torch][lucid.optim.to_torch]) by torch's.
+        """
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load lucid's or torch's state_dict; validates everything before changing anything."""
+        """Load lucid's or torch's state_dict into the buffers; validates everything
+        before changing anything.
+
+        Args:
+          state_dict: what `state_dict()` (of this optimizer, its eager form or
+            the torch optimizer of the same class) returned.
+
+        Raises:
+          ValueError: the state_dict does not fit this optimizer (nothing changed).
+        """
         self.optimizer.load_state_dict(state_dict)
 
     def state_bytes_per_device(self) -> dict[Any, int]:
-        """Bytes of optimizer state each device holds (this process's devices): with
-        sharded state, about the total over the number of shards."""
+        """Bytes of optimizer state each of this process's devices holds.
+
+        With `shard_state_over`, about the total divided by the number of shards.
+
+        Returns:
+          `{device: bytes}` over the devices holding state (empty before the
+          first step made any).
+
+        Examples:
+          >>> import jax, jax.numpy as jnp, lucid
+          >>> w = lucid.Parameter(jnp.zeros(4))
+          >>> compiled = lucid.compile_optimizer(lucid.optim.Adam([w]))
+          >>> w.grad = jnp.ones(4)
+          >>> compiled.step()
+          >>> sum(compiled.state_bytes_per_device().values()) >= 2 * 4 * 4  # exp_avg, exp_avg_sq
+          True
+        """
         backend = self.optimizer.backend
         assert isinstance(backend, CompiledBackend)
         held: dict[Any, int] = {}
@@ -108,7 +183,15 @@ class CompiledOptimizer:
         return held
 
     def fused_step(self, loss_fn: Callable[..., Any]) -> FusedStep:
-        """A fused training step for ``loss_fn`` on this optimizer (see :class:`FusedStep`)."""
+        """A fused training step for `loss_fn` on this optimizer.
+
+        Args:
+          loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, as for
+            [backward][lucid.backward].
+
+        Returns:
+          A [FusedStep][lucid.optim.FusedStep] (without a `grad_transform`).
+        """
         return FusedStep(loss_fn, self)
 
     def __repr__(self) -> str:
@@ -116,9 +199,9 @@ class CompiledOptimizer:
 
 
 class BarzilaiBorwein(Optimizer):
-    """The compiled form of LBFGS: :func:`lucid.functional.lbfgs`'s closure-less step,
-    with its own state (``step``, ``prev_param``, ``prev_grad``), over the L-BFGS's
-    own ``param_groups`` (so schedulers and edits of ``lr`` reach it)."""
+    """The compiled form of LBFGS: `lucid.functional.lbfgs`'s closure-less step,
+    with its own state (`step`, `prev_param`, `prev_grad`), over the L-BFGS's
+    own `param_groups` (so schedulers and edits of `lr` reach it)."""
 
     rule = LBFGS_RULE
 
@@ -175,32 +258,51 @@ _COMPILED: weakref.WeakKeyDictionary[Optimizer, CompiledOptimizer] = weakref.Wea
 def compile_optimizer(
     optimizer: Optimizer, *, shard_state_over: str | tuple[str, ...] | None = None
 ) -> CompiledOptimizer:
-    """Run ``optimizer``'s whole step as one compiled, in-place XLA executable.
+    """Run `optimizer`'s whole step as one compiled, in-place XLA executable.
 
-    From now on the compiled backend runs ``optimizer.step()`` and holds its
-    state (adopting what eager steps built); the optimizer's API and numbers
-    are unchanged, and compiling the same optimizer again returns the same
-    :class:`CompiledOptimizer`. For LBFGS the compiled step is the closure-less
-    Barzilai-Borwein step on its own state, and the L-BFGS itself stays eager.
+    From now on the compiled backend runs `optimizer.step()` and holds its
+    state (adopting what eager steps built, so compiling halfway through a run
+    continues it exactly); the optimizer's API and numbers are unchanged, and
+    compiling the same optimizer again returns the same
+    [CompiledOptimizer][lucid.optim.CompiledOptimizer]. Hyper-parameters are
+    runtime inputs read from `param_groups` at every step: schedulers and
+    hand edits never recompile. For LBFGS the compiled step is the
+    closure-less Barzilai-Borwein step of `lucid.functional.lbfgs` on its own
+    state, and the L-BFGS itself stays eager.
 
     Parameters sharded over a mesh keep their sharding and their state follows
-    it (FSDP style). With ``shard_state_over``, the state of parameters
+    it (FSDP style). With `shard_state_over`, the state of parameters
     replicated over a mesh is sharded over that mesh axis (ZeRO-1): each device
     keeps and updates its piece, and the parameters stay replicated.
 
     Args:
-      optimizer: one of lucid.optim's own classes (not a subclass).
+      optimizer: one of lucid.optim's own optimizer classes (not a subclass of
+        one, nor your own [Optimizer][lucid.optim.Optimizer]), with parameters.
       shard_state_over: a mesh axis name (or a tuple of names) of the mesh the
-        parameters are replicated over; None keeps state laid out as the
+        parameters are replicated over; `None` keeps state laid out as the
         parameters are.
 
     Returns:
-      The :class:`CompiledOptimizer`.
+      The [CompiledOptimizer][lucid.optim.CompiledOptimizer] that now runs
+      `optimizer`'s steps.
 
     Raises:
       TypeError: any other class (the message lists the supported ones).
       ValueError: the optimizer has no parameters; it was compiled already with
-        another ``shard_state_over``; the parameters' mesh has no such axis.
+        another `shard_state_over`; the parameters' mesh has no such axis.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, 2.0]))
+      >>> opt = lucid.optim.Adam([w], lr=0.1)
+      >>> compiled = lucid.compile_optimizer(opt)
+      >>> compiled is lucid.compile_optimizer(opt)
+      True
+      >>> w.grad = jnp.array([1.0, -1.0])
+      >>> opt.step()
+      >>> [round(x, 4) for x in w.data.tolist()]
+      [0.9, 2.1]
+      >>> opt.param_groups[0]["lr"] = 0.01  # a runtime input: no recompilation
     """
     supported = _supported()
     if type(optimizer) not in supported:
@@ -227,18 +329,58 @@ def compile_optimizer(
 
 
 class FusedStep:
-    """``loss = fused(model, *args, **kwargs)``: forward, backward and update, one executable.
+    """Forward, backward and update of one training step, as one executable.
 
-    The call convention is :func:`lucid.backward`'s. Every parameter of the
-    optimizer is updated with its gradient of this loss (a parameter the loss
-    does not use gets a zero gradient, where an eager step would skip it), the
-    Parameters' ``.data`` are current after the call, and ``.grad`` is left
-    untouched. Parameters in the model that the optimizer does not hold are
-    treated as constants. ``grad_transform``, any optax ``GradientTransformation``
-    (e.g. :func:`lucid.functional.clip_grad_norm`, torch's clipping), is applied
-    inside the same executable to the list of gradients in the optimizer's
-    parameter order before the update; its state is kept here
-    (``transform_state``).
+    Made by [fused_step][lucid.fused_step] (or
+    [CompiledOptimizer.fused_step][lucid.optim.CompiledOptimizer.fused_step]).
+    `loss = fused(tree, *args, **kwargs)` evaluates
+    `loss_fn(tree, *args, **kwargs)` with the call convention of
+    [backward][lucid.backward], differentiates it with respect to every
+    parameter of the optimizer, applies `grad_transform` to the gradients
+    and updates the parameters, all in one compiled executable, and returns
+    the loss. It equals
+
+    ```python
+    opt.zero_grad()
+    loss = lucid.backward(loss_fn, tree, *args, **kwargs)
+    # grad_transform on the list of gradients, in the optimizer's parameter order
+    opt.step()
+    ```
+
+    with two differences: a parameter the loss does not use gets a zero
+    gradient (an eager step would skip it), and `.grad` is left untouched.
+    The Parameters' `.data` are current after the call. Parameters in `tree`
+    that the optimizer does not hold are constants.
+
+    Args:
+      loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, a pure JAX function.
+      optimizer: one of lucid.optim's optimizers (compiled here, as by
+        [compile_optimizer][lucid.compile_optimizer], unless it was compiled
+        already) or a [CompiledOptimizer][lucid.optim.CompiledOptimizer].
+      grad_transform: an optax `GradientTransformation` applied to the list of
+        gradients before the update (e.g.
+        [clip_grad_norm][lucid.functional.clip_grad_norm], torch's clipping),
+        or `None`.
+      shard_state_over: as for [compile_optimizer][lucid.compile_optimizer],
+        when this call compiles the optimizer.
+
+    Attributes:
+      loss_fn: the loss function.
+      compiled: the [CompiledOptimizer][lucid.optim.CompiledOptimizer] whose
+        steps this runs.
+      grad_transform: the optax transform applied to the gradients, or `None`.
+      transform_state: the `grad_transform`'s state, carried from call to call
+        (`None` without a transform).
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
+      >>> opt = lucid.optim.SGD([w], lr=0.1)
+      >>> fused = lucid.fused_step(lambda w, x: ((w * x) ** 2).sum(), opt)
+      >>> float(fused(w, jnp.array([1.0, 1.0])))  # the loss before the update
+      5.0
+      >>> [round(x, 4) for x in w.data.tolist()], w.grad  # p - lr * 2p; .grad untouched
+      ([0.8, -1.6], None)
     """
 
     def __init__(
@@ -267,6 +409,20 @@ class FusedStep:
         return backend
 
     def __call__(self, tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
+        """One training step: the loss, its gradients, `grad_transform` and the update.
+
+        Args:
+          tree: the first argument of `loss_fn`, a pytree holding Parameters.
+          *args: further positional arguments of `loss_fn` (data, targets).
+          **kwargs: further keyword arguments of `loss_fn`.
+
+        Returns:
+          The loss before the update, a 0-d `jax.Array`.
+
+        Raises:
+          ValueError: a hyper-parameter edited into `param_groups` is invalid
+            (nothing has moved).
+        """
         optimizer = self.compiled.optimizer
         for group in optimizer.param_groups:
             optimizer.rule.check_step(group)
@@ -284,8 +440,41 @@ def fused_step(
     *,
     shard_state_over: str | tuple[str, ...] | None = None,
 ) -> FusedStep:
-    """Compile ``optimizer`` (as :func:`compile_optimizer`, with ``shard_state_over``;
-    an optimizer compiled already keeps its compiled form) and return a fused
-    training step for ``loss_fn``, with an optional optax ``grad_transform`` applied
-    to the gradients before the update; see :class:`FusedStep`."""
+    """A fused training step: forward, backward and update of `optimizer` in one executable.
+
+    Compiles `optimizer` as [compile_optimizer][lucid.compile_optimizer] does
+    (an optimizer compiled already keeps its compiled form) and returns a
+    [FusedStep][lucid.optim.FusedStep]: `loss = fused(tree, *args, **kwargs)`
+    is `lucid.backward(loss_fn, tree, *args, **kwargs)` followed by the
+    optimizer's step, with `grad_transform` applied to the gradients in
+    between, in one executable.
+
+    Args:
+      loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, a pure JAX
+        function, as for [backward][lucid.backward].
+      optimizer: one of lucid.optim's optimizer classes, compiled or not.
+      grad_transform: an optax `GradientTransformation` applied to the list of
+        gradients (in the optimizer's parameter order) before the update, e.g.
+        [clip_grad_norm][lucid.functional.clip_grad_norm]; `None` for none.
+      shard_state_over: as for [compile_optimizer][lucid.compile_optimizer]
+        (used when this call compiles the optimizer).
+
+    Returns:
+      The [FusedStep][lucid.optim.FusedStep].
+
+    Raises:
+      TypeError: `optimizer` is not one of lucid.optim's optimizer classes.
+      ValueError: as [compile_optimizer][lucid.compile_optimizer].
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([3.0, 4.0]))
+      >>> opt = lucid.optim.SGD([w], lr=1.0)
+      >>> clip = lucid.functional.clip_grad_norm(max_norm=1.0)
+      >>> fused = lucid.fused_step(lambda w: (w ** 2).sum() / 2, opt, grad_transform=clip)
+      >>> float(fused(w))  # the gradient w (norm 5) is clipped to norm 1 first
+      12.5
+      >>> [round(x, 4) for x in w.data.tolist()]
+      [2.4, 3.2]
+    """
     return FusedStep(loss_fn, optimizer, grad_transform, shard_state_over)

@@ -1,9 +1,9 @@
-"""``Optimizer``: torch.optim's stateful API over a functional :class:`~lucid.functional.Rule`.
+"""`Optimizer`: torch.optim's stateful API over a functional `lucid.functional.Rule`.
 
-The optimizer owns ``param_groups`` and the API; running a step and keeping
-the per-parameter state is its *backend*'s job (:mod:`lucid.optim._backend`):
-eager by default, compiled after :func:`lucid.optim.compile_optimizer`. Editing
-``param_groups[i]['lr']`` (or any float hyper-parameter) changes the next
+The optimizer owns `param_groups` and the API; running a step and keeping
+the per-parameter state is its *backend*'s job (`lucid.optim._backend`):
+eager by default, compiled after `lucid.optim.compile_optimizer`. Editing
+`param_groups[i]['lr']` (or any float hyper-parameter) changes the next
 step's inputs, never the compiled program.
 """
 
@@ -45,24 +45,47 @@ __all__ = [
 
 
 class Optimizer:
-    """Base class with torch.optim.Optimizer's API.
+    """Base class of lucid's optimizers, with `torch.optim.Optimizer`'s API.
 
-    lucid's optimizers declare ``rule`` (the functional rule they run) and a
-    constructor with torch's signature that passes its options as ``defaults``.
-    Your own optimizer is written as in torch: pass ``params`` and ``defaults``
-    to this constructor and write ``step``, keeping per-parameter state in
-    ``self.state[p]`` (a ``defaultdict(dict)``, as torch's); schedulers,
-    hooks, ``zero_grad`` and ``state_dict`` then work on it.
+    lucid's optimizers ([SGD][lucid.optim.SGD], [Adam][lucid.optim.Adam], ...)
+    declare `rule` (the functional rule they run) and a constructor with
+    torch's signature that passes its options as `defaults`; this class does
+    the rest as torch's does: parameter groups, `step`, `zero_grad`,
+    `state_dict`/`load_state_dict` in torch's format, and the hooks.
+
+    Your own optimizer is written as in torch: pass `params` and `defaults`
+    to this constructor and write `step`, keeping per-parameter state in
+    `self.state[p]` (a `defaultdict(dict)`, as torch's); schedulers, hooks,
+    `zero_grad` and `state_dict` then work on it.
 
     Args:
-      params: Parameters, ``(name, Parameter)`` pairs, or dicts of param groups
-        (``{"params": [...], "lr": ...}``).
-      defaults: the options a group takes when it does not set them.
+      params: what to optimize: an iterable of [Parameter][lucid.Parameter]s,
+        of `(name, Parameter)` pairs (the names are kept in each group's
+        `param_names`), or of dicts, each a parameter group
+        (`{"params": [...], "lr": ...}`) whose options override `defaults`.
+      defaults: the options (`lr`, ...) a group takes when it does not set
+        them.
+
+    Attributes:
+      param_groups: the parameter groups, a list of dicts: `params` (the
+        group's Parameters), every option of `defaults` (the group's own value
+        or the default), `param_names` when the parameters came with names,
+        and what schedulers add (`initial_lr`). Editing a value (`lr`,
+        `betas`, ...) changes the next step; a compiled step reads it as a
+        runtime input.
+      defaults: the constructor's options, a dict (for lucid's optimizers,
+        every keyword argument of the constructor but `params`).
+      rule: a class attribute: the `lucid.functional.Rule` a built-in
+        optimizer runs; `None` for an optimizer that writes its own `step`.
+      torch_signature: a class attribute: the torch signature a built-in
+        optimizer's constructor, Args and example come from (the same one as
+        its `lucid.functional` form's); `None` for your own optimizer.
 
     Raises:
-      TypeError: ``params`` is a single Parameter or array, or holds something
+      TypeError: `params` is a single Parameter or array, or holds something
         that is not a Parameter.
-      ValueError: an empty parameter list, a parameter in two groups, invalid options.
+      ValueError: an empty parameter list, a parameter listed twice or in two
+        groups, a non-float parameter, or an invalid option (torch's message).
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -81,6 +104,8 @@ class Optimizer:
       >>> opt.step()
       >>> w.data.tolist(), opt.state_dict()["state"]
       ([0.5, -0.5], {0: {'steps': 1}})
+      >>> opt.defaults, opt.param_groups[0]["lr"]
+      ({'lr': 0.5}, 0.5)
     """
 
     rule: ClassVar[Rule | None] = None  # None: an optimizer with its own step
@@ -117,20 +142,66 @@ class Optimizer:
     # --------------------------------------------------------------- backend
     @property
     def backend(self) -> Backend:
-        """What runs the steps and keeps the state (eager, or compiled)."""
+        """What runs the steps and keeps the per-parameter state: the eager backend
+        (one jitted call per group and device), or the compiled one after
+        [compile_optimizer][lucid.compile_optimizer]."""
         return self._backend
 
     def use_backend(self, make: Callable[[Optimizer, dict[Parameter, Any]], Backend]) -> None:
-        """Hand the steps and the state to ``make(self, states)``'s backend."""
+        """Hand the steps and the state to a new backend.
+
+        [compile_optimizer][lucid.compile_optimizer] calls this; a training
+        loop does not.
+
+        Args:
+          make: `make(optimizer, states) -> backend`, called with this optimizer
+            and the current backend's states (`{Parameter: state}`), which the
+            new backend adopts.
+        """
         self._backend = make(self, self._backend.states())
 
     def state_options(self, group: dict[str, Any]) -> dict[str, Any]:
-        """The options a parameter's new state is made from (torch: its group's)."""
+        """The options a parameter's new state is made from.
+
+        torch makes a state from the group's values at the parameter's first
+        step; an optimizer that differs (LBFGS) overrides this.
+
+        Args:
+          group: the parameter's group.
+
+        Returns:
+          The options, a mapping like `group` (here, `group` itself).
+        """
         return group
 
     # ----------------------------------------------------------------- groups
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group; missing options take the constructor's ``defaults``."""
+        """Add a parameter group (torch: `opt.add_param_group`).
+
+        Useful for fine-tuning: unfreeze layers and add them with their own
+        options. Schedulers made before see the group only if they are made
+        again.
+
+        Args:
+          param_group: `{"params": ..., **options}`: the Parameters (a
+            Parameter, or an ordered iterable of Parameters or of
+            `(name, Parameter)` pairs, named exactly when the other groups' are)
+            and the group's options; missing options take `defaults`.
+
+        Raises:
+          TypeError: `param_group` is not a dict, its `params` is a set or
+            holds something that is not a Parameter.
+          ValueError: no `params` entry, a parameter already in a group or
+            listed twice, a non-float parameter, names given in some groups
+            only, or an invalid option.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.zeros(2))], lr=0.1)
+          >>> opt.add_param_group({"params": [lucid.Parameter(jnp.zeros(3))], "lr": 0.01})
+          >>> [group["lr"] for group in opt.param_groups]
+          [0.1, 0.01]
+        """
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
         if "params" not in param_group:
@@ -184,9 +255,12 @@ class Optimizer:
 
     @property
     def state(self) -> dict[Parameter, dict[str, Any]]:
-        """Per-parameter state with torch's names. For lucid's optimizers a snapshot
-        (assigning into it changes nothing; ``load_state_dict`` does); for your own
-        optimizer the live ``defaultdict(dict)`` your ``step`` writes, as in torch."""
+        """Per-parameter state with torch's names: `{Parameter: {name: array}}`.
+
+        For lucid's optimizers a snapshot of the parameters that have state
+        (assigning into it changes nothing; `load_state_dict` does); for your
+        own optimizer the live `defaultdict(dict)` your `step` writes, as in
+        torch."""
         states = self._backend.states()
         if self.rule is None:
             return states
@@ -202,17 +276,61 @@ class Optimizer:
 
     # ------------------------------------------------------------------- step
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset every parameter's gradient (to ``None`` by default, as torch)."""
+        """Reset the gradient of every parameter in every group (torch: `opt.zero_grad()`).
+
+        Args:
+          set_to_none: set each `.grad` to `None` (torch's default, and the
+            cheaper: a step skips parameters without a gradient); `False` fills
+            each existing gradient with zeros.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> w = lucid.Parameter(jnp.zeros(2))
+          >>> opt = lucid.optim.SGD([w], lr=0.1)
+          >>> w.grad = jnp.ones(2)
+          >>> opt.zero_grad(set_to_none=False)
+          >>> w.grad.tolist()
+          [0.0, 0.0]
+          >>> opt.zero_grad()
+          >>> w.grad is None
+          True
+        """
         for storage, indices in by_storage(p.location for p in self._params()):
             storage.clear_grads(indices, set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One update of every parameter that has a gradient; returns ``closure()``'s loss.
+        """One update of every parameter that has a gradient (torch: `opt.step()`).
+
+        Parameters whose `.grad` is `None` are skipped (their state does not
+        move). A parameter's state is made at its first step with a gradient,
+        from its group's options at that moment, as torch makes it. Every
+        group's options and every gradient are checked before anything moves.
+        The step's hooks run around it.
+
+        Args:
+          closure: an optional function that recomputes the loss; it is called
+            once, before the update, and its result returned (LBFGS calls it
+            several times).
+
+        Returns:
+          What `closure()` returned, or `None` without a closure.
 
         Raises:
-          NotImplementedError: an optimizer without a ``rule`` must write its own step.
+          NotImplementedError: an optimizer without a `rule` must write its own step.
+          ValueError: an option edited into `param_groups` is invalid, or a
+            gradient's shape or dtype does not match its parameter's (nothing
+            has moved).
           KeyError: torch's error when an option that owns a state entry was turned
             on after the state was made (nothing has moved).
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> w = lucid.Parameter(jnp.array([1.0, 2.0]))
+          >>> opt = lucid.optim.SGD([w], lr=0.5)
+          >>> w.grad = jnp.array([1.0, 1.0])
+          >>> opt.step()
+          >>> w.data.tolist()
+          [0.5, 1.5]
         """
         if self.rule is None:
             raise NotImplementedError(f"{type(self).__name__} must implement step()")
@@ -224,53 +342,171 @@ class Optimizer:
 
     # ----------------------------------------------------------------- hooks
     def register_step_pre_hook(self, hook: Callable) -> RemovableHandle:
-        """Call ``hook(optimizer, args, kwargs) -> None | (new_args, new_kwargs)`` before
-        each step (after the global pre-hooks); a returned pair replaces the arguments."""
+        """Register a hook called before each `step` (torch: `register_step_pre_hook`).
+
+        The hooks run in registration order, after the global ones
+        ([register_optimizer_step_pre_hook][lucid.optim.optimizer.register_optimizer_step_pre_hook]).
+
+        Args:
+          hook: `hook(optimizer, args, kwargs) -> None | (new_args, new_kwargs)`,
+            where `args` and `kwargs` are those `step` was called with
+            (`args[0]` is the optimizer); a returned pair replaces them.
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle] whose
+          `remove()` unregisters the hook.
+
+        Raises:
+          RuntimeError: at the step, the hook returned something other than
+            `None` or a pair.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+          >>> handle = opt.register_step_pre_hook(lambda opt, args, kwargs: print("before"))
+          >>> opt.step()
+          before
+          >>> handle.remove()
+          >>> opt.step()
+        """
         return register(self._step_pre_hooks, hook)
 
     def register_step_post_hook(self, hook: Callable) -> RemovableHandle:
-        """Call ``hook(optimizer, args, kwargs)`` after each step (before the global ones)."""
+        """Register a hook called after each `step` (torch: `register_step_post_hook`).
+
+        The hooks run in registration order, before the global ones
+        ([register_optimizer_step_post_hook][lucid.optim.optimizer.register_optimizer_step_post_hook]).
+
+        Args:
+          hook: `hook(optimizer, args, kwargs) -> None`, with the arguments the
+            step was called with.
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+          >>> with opt.register_step_post_hook(lambda opt, args, kwargs: print("after")):
+          ...     opt.step()
+          after
+        """
         return register(self._step_post_hooks, hook)
 
     def register_state_dict_pre_hook(
         self, hook: Callable, prepend: bool = False
     ) -> RemovableHandle:
-        """Call ``hook(optimizer)`` before ``state_dict`` builds its result."""
+        """Register a hook called before `state_dict` builds its result.
+
+        Args:
+          hook: `hook(optimizer) -> None`.
+          prepend: run it before the hooks already registered (else after).
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+        """
         return register(self._state_dict_pre_hooks, hook, prepend)
 
     def register_state_dict_post_hook(
         self, hook: Callable, prepend: bool = False
     ) -> RemovableHandle:
-        """Call ``hook(optimizer, state_dict) -> state_dict | None`` on ``state_dict``'s
-        result; a returned dict replaces it."""
+        """Register a hook called on the result of `state_dict`.
+
+        Args:
+          hook: `hook(optimizer, state_dict) -> state_dict | None`; a returned
+            dict replaces the result (the next hook receives it).
+          prepend: run it before the hooks already registered (else after).
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+          >>> def tag(opt, state_dict):
+          ...     state_dict["note"] = "saved by lucid"
+          >>> handle = opt.register_state_dict_post_hook(tag)
+          >>> opt.state_dict()["note"]
+          'saved by lucid'
+        """
         return register(self._state_dict_post_hooks, hook, prepend)
 
     def register_load_state_dict_pre_hook(
         self, hook: Callable, prepend: bool = False
     ) -> RemovableHandle:
-        """Call ``hook(optimizer, state_dict) -> state_dict | None`` on a shallow copy of
-        what ``load_state_dict`` was given; a returned dict is loaded instead."""
+        """Register a hook called on what `load_state_dict` was given, before it loads.
+
+        Args:
+          hook: `hook(optimizer, state_dict) -> state_dict | None`, given a
+            shallow copy of the argument; a returned dict is loaded instead
+            (the next hook receives it).
+          prepend: run it before the hooks already registered (else after).
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+        """
         return register(self._load_state_dict_pre_hooks, hook, prepend)
 
     def register_load_state_dict_post_hook(
         self, hook: Callable, prepend: bool = False
     ) -> RemovableHandle:
-        """Call ``hook(optimizer)`` after ``load_state_dict`` has loaded."""
+        """Register a hook called after `load_state_dict` has loaded.
+
+        Args:
+          hook: `hook(optimizer) -> None`.
+          prepend: run it before the hooks already registered (else after).
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+        """
         return register(self._load_state_dict_post_hooks, hook, prepend)
 
     # ------------------------------------------------------------- checkpoints
     def export_state(self, state: Any) -> dict[str, Any]:
-        """How one parameter's state appears in ``state`` and ``state_dict`` (torch's names)."""
+        """How one parameter's state appears in `state` and `state_dict`.
+
+        An extension point: the built-in optimizers show torch's state names
+        and hide the fields torch does not keep.
+
+        Args:
+          state: the parameter's state as the backend keeps it (the rule's
+            state NamedTuple; for your own optimizer, the dict `step` wrote).
+
+        Returns:
+          `{name: value}` with torch's names.
+        """
         if self.rule is None:
             return dict(state)
         return export(self.rule, state)
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's format: ``{'state': {index: {name: array}}, 'param_groups': [...]}``.
+        """The optimizer's state and options, in torch's format (torch: `opt.state_dict()`).
 
         A snapshot: fresh dicts and fresh array copies, so nothing done to the
         result (even torch updating a tensor made from it in place, which
-        shares its memory on the CPU) reaches the optimizer.
+        shares its memory on the CPU) reaches the optimizer. The state-dict
+        hooks run around it.
+
+        Returns:
+          `{"state": {index: {name: array}}, "param_groups": [group, ...]}`:
+          each parameter by its index in the order of the groups, with the
+          state entries torch keeps (jax arrays; `step` as a 0-d float32
+          array, as torch's); each group's options with `params` as those
+          indices. [load_state_dict][lucid.optim.Optimizer.load_state_dict]
+          takes it, and so does torch's optimizer of the same class after
+          [to_torch][lucid.optim.to_torch].
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> w = lucid.Parameter(jnp.zeros(2))
+          >>> opt = lucid.optim.Adam([w], lr=0.1)
+          >>> w.grad = jnp.ones(2)
+          >>> opt.step()
+          >>> sd = opt.state_dict()
+          >>> sorted(sd["state"][0]), float(sd["state"][0]["step"])
+          (['exp_avg', 'exp_avg_sq', 'step'], 1.0)
+          >>> sd["param_groups"][0]["params"], sd["param_groups"][0]["lr"]
+          ([0], 0.1)
         """
         for pre_hook in list(self._state_dict_pre_hooks.values()):
             pre_hook(self)
@@ -293,10 +529,33 @@ class Optimizer:
         return state_dict
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load lucid's or torch's state_dict; validates everything before changing anything.
+        """Load a state_dict, lucid's or torch's (torch: `opt.load_state_dict`).
+
+        Everything is validated before anything changes: the number and sizes
+        of the groups, every option (torch's checks), and each state entry's
+        names, shapes and dtypes. Options are taken from the saved groups;
+        parameters are matched by position. torch tensors (any float dtype,
+        bfloat16 included) are read as arrays. The load hooks run around it.
+
+        Args:
+          state_dict: what [state_dict][lucid.optim.Optimizer.state_dict]
+            returned (of this class, eager or compiled), or a torch optimizer's
+            `state_dict()` of the same class and parameters.
 
         Raises:
           ValueError: the state_dict does not fit this optimizer (nothing changed).
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> w = lucid.Parameter(jnp.zeros(2))
+          >>> opt = lucid.optim.SGD([w], lr=0.1, momentum=0.9)
+          >>> w.grad = jnp.ones(2)
+          >>> opt.step()
+          >>> saved = opt.state_dict()
+          >>> fresh = lucid.optim.SGD([w], lr=0.5, momentum=0.9)
+          >>> fresh.load_state_dict(saved)
+          >>> fresh.param_groups[0]["lr"], fresh.state[w]["momentum_buffer"].tolist()
+          (0.1, [1.0, 1.0])
         """
         if isinstance(state_dict, Mapping):
             state_dict = dict(state_dict)  # shallow copy, as torch's (hooks may edit it)
@@ -355,10 +614,23 @@ class Optimizer:
         (Muon's 2-D check, Adagrad's accumulators), as torch makes them in ``__init__``."""
 
     def groups_loaded(self) -> None:
-        """Per-class fix-ups of the groups right after a load (torch's ``__setstate__``)."""
+        """Per-class fix-ups of the groups right after a load (torch's `__setstate__`);
+        an extension point, a no-op here."""
 
     def import_state(self, group: Mapping[str, Any], p: Parameter, saved: Any, key: Any) -> Any:
-        """One parameter's saved entry as its state (``None`` for an empty entry).
+        """One parameter's saved state_dict entry as the state its backend keeps.
+
+        An extension point of `load_state_dict` (the inverse of `export_state`).
+
+        Args:
+          group: the parameter's group, with the loaded options.
+          p: the parameter.
+          saved: its entry in the state_dict's `state`, `{name: array}`.
+          key: the entry's key in the state_dict (for error messages).
+
+        Returns:
+          The state (the rule's NamedTuple; for your own optimizer, a dict of
+          arrays), or `None` for an empty entry.
 
         Raises:
           ValueError: the entry does not fit this optimizer or this parameter.

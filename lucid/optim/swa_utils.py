@@ -1,14 +1,16 @@
-"""``torch.optim.swa_utils`` for lucid: averaged copies of Parameter pytrees and SWALR.
+"""`torch.optim.swa_utils` for lucid: averaged copies of Parameter pytrees, and SWALR.
 
-:class:`AveragedModel` keeps an averaged copy of a model (any pytree holding
-:class:`~lucid.Parameter` objects) and updates it from the live model with
-torch's averaging functions; :class:`SWALR` anneals each group's learning rate
-to a fixed SWA value. The averaging math is :mod:`lucid.functional.averaging`'s.
+[AveragedModel][lucid.optim.swa_utils.AveragedModel] keeps an averaged copy
+of a model (any pytree holding [Parameter][lucid.Parameter] objects) and
+updates it from the live model with torch's averaging functions;
+[SWALR][lucid.optim.swa_utils.SWALR] anneals each group's learning rate to a
+fixed SWA value. The averaging math is
+[lucid.functional.averaging][]'s, which also offers it as pure functions.
 
-One difference follows from JAX arrays being immutable: a ``multi_avg_fn``
+One difference follows from JAX arrays being immutable: a `multi_avg_fn`
 returns the new averaged values (a list) instead of updating them in place.
-``update_bn`` has no counterpart: lucid has no modules with batch-norm buffers;
-average such statistics with ``use_buffers=True`` instead.
+`update_bn` has no counterpart: lucid has no modules with batch-norm buffers;
+average such statistics with `use_buffers=True` instead.
 """
 
 from __future__ import annotations
@@ -40,10 +42,28 @@ __all__ = [
 
 
 def get_ema_multi_avg_fn(decay: float = 0.999) -> MultiAvgFn:
-    """torch's EMA over lists: ``lerp(ema, current, 1 - decay)``; returns the new list.
+    """The exponential moving average over lists of arrays (torch's `get_ema_multi_avg_fn`).
+
+    For each pair of arrays, $\\bar w \\leftarrow \\mathrm{lerp}(\\bar w, w, 1 - \\text{decay})
+    = \\text{decay} \\cdot \\bar w + (1 - \\text{decay}) \\, w$, computed as torch's `lerp`.
+
+    Args:
+      decay: the weight the average keeps at each update, in $[0, 1]$.
+
+    Returns:
+      `multi_avg_fn(averaged, current, n_averaged) -> new averaged`, over lists
+      of arrays (`n_averaged` is unused), for
+      [AveragedModel][lucid.optim.swa_utils.AveragedModel].
 
     Raises:
-      ValueError: ``decay`` outside ``[0, 1]``.
+      ValueError: `decay` outside $[0, 1]$.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from lucid.optim.swa_utils import get_ema_multi_avg_fn
+      >>> ema = get_ema_multi_avg_fn(0.5)
+      >>> [a.tolist() for a in ema([jnp.array([0.0])], [jnp.array([2.0])], 1)]
+      [[1.0]]
     """
     check_decay(decay)
 
@@ -56,7 +76,22 @@ def get_ema_multi_avg_fn(decay: float = 0.999) -> MultiAvgFn:
 
 
 def get_swa_multi_avg_fn() -> MultiAvgFn:
-    """torch's SWA over lists: ``lerp(avg, current, 1 / (n + 1))``; returns the new list."""
+    """Stochastic weight averaging over lists of arrays (torch's `get_swa_multi_avg_fn`).
+
+    For each pair of arrays, the running mean of the $n$ sets averaged so far
+    and the current one: $\\bar w \\leftarrow \\mathrm{lerp}(\\bar w, w, 1 / (n + 1))$.
+
+    Returns:
+      `multi_avg_fn(averaged, current, n_averaged) -> new averaged`, over lists
+      of arrays, for [AveragedModel][lucid.optim.swa_utils.AveragedModel].
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from lucid.optim.swa_utils import get_swa_multi_avg_fn
+      >>> swa = get_swa_multi_avg_fn()
+      >>> [a.tolist() for a in swa([jnp.array([1.0])], [jnp.array([4.0])], 2)]
+      [[2.0]]
+    """
 
     def swa_update(averaged: list[Array], current: list[Array], n: Array) -> list[Array]:
         return [swa_lerp_fold(a, c, n) for a, c in zip(averaged, current)]
@@ -65,10 +100,26 @@ def get_swa_multi_avg_fn() -> MultiAvgFn:
 
 
 def get_ema_avg_fn(decay: float = 0.999) -> AvgFn:
-    """torch's single-array EMA: ``decay * ema + (1 - decay) * current``.
+    """The exponential moving average of one array (torch's `get_ema_avg_fn`).
+
+    $\\bar w \\leftarrow \\text{decay} \\cdot \\bar w + (1 - \\text{decay}) \\, w$.
+
+    Args:
+      decay: the weight the average keeps at each update, in $[0, 1]$.
+
+    Returns:
+      `avg_fn(averaged, current, n_averaged) -> new averaged`, one array at a
+      time (`n_averaged` is unused), for
+      [AveragedModel][lucid.optim.swa_utils.AveragedModel].
 
     Raises:
-      ValueError: ``decay`` outside ``[0, 1]``.
+      ValueError: `decay` outside $[0, 1]$.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from lucid.optim.swa_utils import get_ema_avg_fn
+      >>> get_ema_avg_fn(0.75)(jnp.array([0.0]), jnp.array([4.0]), 1).tolist()
+      [1.0]
     """
     check_decay(decay)
 
@@ -79,7 +130,23 @@ def get_ema_avg_fn(decay: float = 0.999) -> AvgFn:
 
 
 def get_swa_avg_fn() -> AvgFn:
-    """torch's single-array SWA: ``avg + (current - avg) / (n + 1)``."""
+    """Stochastic weight averaging of one array (torch's `get_swa_avg_fn`).
+
+    The running mean of the $n$ arrays averaged so far and the current one:
+    $\\bar w \\leftarrow \\bar w + (w - \\bar w) / (n + 1)$. What
+    [AveragedModel][lucid.optim.swa_utils.AveragedModel] uses when given no
+    averaging function (torch's default off CUDA).
+
+    Returns:
+      `avg_fn(averaged, current, n_averaged) -> new averaged`, one array at a
+      time.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from lucid.optim.swa_utils import get_swa_avg_fn
+      >>> get_swa_avg_fn()(jnp.array([1.0]), jnp.array([4.0]), 2).tolist()
+      [2.0]
+    """
 
     return swa_fold
 
@@ -89,22 +156,36 @@ def _is_parameter(x: Any) -> bool:
 
 
 class AveragedModel:
-    """An averaged copy of ``model`` (SWA by default, or EMA with ``get_ema_*``).
+    """An averaged copy of a model: SWA by default, or an EMA (torch's `AveragedModel`).
 
-    ``module`` is a pytree shaped like ``model`` with new Parameters (and, for
+    `module` is a pytree shaped like `model`, with new Parameters (and, for
     plain array leaves, copies: torch's buffers). The first
-    :meth:`update_parameters` copies the model; each later one averages with
-    ``multi_avg_fn`` (lists of arrays, new values returned) or ``avg_fn`` (one
-    array at a time), SWA when neither is given. ``n_averaged`` counts updates.
-    Without ``use_buffers`` the plain arrays are copied from the model at every
-    update, as torch keeps buffers in sync.
+    [update_parameters][lucid.optim.swa_utils.AveragedModel.update_parameters]
+    copies the model; each later one averages the model's current values in,
+    with `multi_avg_fn` (lists of arrays, new values returned) or `avg_fn`
+    (one array at a time); SWA, the running mean
+    $\\bar w_{n+1} = \\bar w_n + (w - \\bar w_n) / (n + 1)$, when neither is
+    given. Without `use_buffers` the plain arrays are copied from the model at
+    every update, as torch keeps buffers in sync.
 
     Args:
-      model: a pytree holding Parameters.
-      device: if given, the averaged copy lives there (``jax.Device``).
-      avg_fn: ``avg_fn(averaged, current, n_averaged) -> new averaged``.
-      multi_avg_fn: ``multi_avg_fn(averaged_list, current_list, n_averaged) -> new list``.
-      use_buffers: also average the plain array leaves (torch: buffers).
+      model: a pytree holding Parameters (and possibly plain arrays).
+      device: the `jax.Device` to keep the averaged copy on; `None` keeps it
+        where the model's values are.
+      avg_fn: `avg_fn(averaged, current, n_averaged) -> new averaged`, applied
+        to one array at a time ([get_ema_avg_fn][lucid.optim.swa_utils.get_ema_avg_fn],
+        [get_swa_avg_fn][lucid.optim.swa_utils.get_swa_avg_fn] or your own).
+      multi_avg_fn: `multi_avg_fn(averaged, current, n_averaged) -> new
+        averaged`, applied to the lists of every averaged array at once
+        ([get_ema_multi_avg_fn][lucid.optim.swa_utils.get_ema_multi_avg_fn],
+        [get_swa_multi_avg_fn][lucid.optim.swa_utils.get_swa_multi_avg_fn]);
+        it takes precedence over `avg_fn`.
+      use_buffers: also average the plain array leaves (torch: the buffers)
+        instead of copying them.
+
+    Attributes:
+      module: the averaged copy, a pytree shaped like `model`.
+      n_averaged: the number of updates so far, a 0-d int32 array.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -143,10 +224,17 @@ class AveragedModel:
         self.device = device
 
     def update_parameters(self, model: Any) -> None:
-        """Fold ``model``'s current values into the average (the first call copies).
+        """Fold `model`'s current values into the average (torch: `update_parameters`).
+
+        The first call copies the values; each later one averages them in,
+        and `n_averaged` grows by one.
+
+        Args:
+          model: the live model, a pytree shaped like the one the average was
+            made from.
 
         Raises:
-          ValueError: ``model`` is not shaped like the averaged copy.
+          ValueError: `model` is not shaped like the averaged copy.
         """
         model_leaves, treedef = jax.tree_util.tree_flatten(model, is_leaf=_is_parameter)
         if treedef != self._treedef:
@@ -186,12 +274,32 @@ class AveragedModel:
         return value if self.device is None else jax.device_put(value, self.device)
 
     def state_dict(self) -> dict[str, Any]:
-        """The averaged values (leaf order) and ``n_averaged``, as arrays."""
+        """The averaged model's state.
+
+        Returns:
+          `{"module": [value, ...], "n_averaged": n}`: the averaged values in
+          leaf order, and the number of updates.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> from lucid.optim.swa_utils import AveragedModel
+          >>> w = lucid.Parameter(jnp.array([1.0]))
+          >>> swa = AveragedModel([w])
+          >>> swa.update_parameters([w])
+          >>> sd = swa.state_dict()
+          >>> [a.tolist() for a in sd["module"]], int(sd["n_averaged"])
+          ([[1.0]], 1)
+        """
         leaves = jax.tree_util.tree_flatten(self.module, is_leaf=_is_parameter)[0]
         return {"module": [_value(leaf) for leaf in leaves], "n_averaged": self.n_averaged}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load what :meth:`state_dict` returned (checked first, all or nothing).
+        """Load what [state_dict][lucid.optim.swa_utils.AveragedModel.state_dict]
+        returned (checked first: all or nothing).
+
+        Args:
+          state_dict: `{"module": [value, ...], "n_averaged": n}`, from an
+            averaged model of the same structure.
 
         Raises:
           ValueError: a different number of leaves, or a shape that does not fit.
@@ -227,26 +335,46 @@ def _linear_anneal(t: float) -> float:
 
 
 class SWALR(LRScheduler):
-    """Anneal each group's learning rate to ``swa_lr`` over ``anneal_epochs`` steps
-    (``cos`` or ``linear``), then hold it there: torch's SWALR.
+    """Anneal each group's lr to a fixed `swa_lr`, then hold it there (torch's `SWALR`).
+
+    With $\\eta_0$ the group's lr when the annealing starts, $T$ =
+    `anneal_epochs` and $\\alpha_t = a(\\min(1, t / T))$, after $t$ steps
+
+    $$
+    \\eta_t = \\alpha_t \\, \\text{swa\\_lr} + (1 - \\alpha_t) \\, \\eta_0,
+    $$
+
+    where $a(x) = (1 - \\cos \\pi x) / 2$ (`"cos"`) or $a(x) = x$
+    (`"linear"`); reached as torch's recursive step does, from the group's
+    current lr. Used for the SWA phase of training, with
+    [AveragedModel][lucid.optim.swa_utils.AveragedModel].
 
     Args:
-      optimizer: the optimizer (or anything with torch-style ``param_groups``).
-      swa_lr: the final learning rate, one value or one per group.
-      anneal_epochs: steps of the annealing phase (``>= 0``).
-      anneal_strategy: ``"cos"`` or ``"linear"``.
-      last_epoch: the index of the last step (-1: start).
+      optimizer: the optimizer (or anything with torch-style `param_groups`).
+      swa_lr: the lr to anneal to and hold, one value or a list with one per
+        group (written into each group as `swa_lr`).
+      anneal_epochs: the number of steps $T$ of the annealing (`>= 0`; with
+        0 the lr is `swa_lr` from construction on).
+      anneal_strategy: `"cos"` or `"linear"`, the shape $a$ of the annealing.
+      last_epoch: the index of the last step taken; `-1` starts the schedule, `>= 0`
+        resumes it (see [LRScheduler][lucid.optim.lr_scheduler.LRScheduler]).
 
     Raises:
-      ValueError: an unknown strategy, a negative or non-integer ``anneal_epochs``,
-        or ``swa_lr`` of the wrong length.
+      ValueError: an unknown strategy, a negative or non-integer `anneal_epochs`,
+        or `swa_lr` of the wrong length.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
+      >>> from lucid.optim.swa_utils import SWALR
       >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.ones(1))], lr=1.0)
-      >>> sched = lucid.optim.swa_utils.SWALR(opt, swa_lr=0.1, anneal_epochs=2)
-      >>> [round(g["lr"], 4) for g in opt.param_groups]
-      [1.0]
+      >>> sched = SWALR(opt, swa_lr=0.1, anneal_epochs=3, anneal_strategy="linear")
+      >>> lrs = [round(sched.get_last_lr()[0], 4)]
+      >>> for _ in range(4):
+      ...     opt.step()
+      ...     sched.step()
+      ...     lrs.append(round(sched.get_last_lr()[0], 4))
+      >>> lrs
+      [1.0, 0.7, 0.4, 0.1, 0.1]
     """
 
     def __init__(
@@ -280,7 +408,12 @@ class SWALR(LRScheduler):
         return (lr - alpha * swa_lr) / (1 - alpha)
 
     def get_lr(self) -> list[Any]:
-        """torch's recursive form: undo the last annealing step, take the next one."""
+        """Each group's lr at the current step, in torch's recursive form: undo the last
+        annealing step, take the next one.
+
+        Returns:
+          One lr per parameter group.
+        """
         self._warn_if_called_directly()
         step = self._step_count - 1
         if self.anneal_epochs == 0:

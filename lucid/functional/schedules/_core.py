@@ -11,13 +11,22 @@ import jax.numpy as jnp
 from ._ops import ArrayOps, default_float_dtype
 
 Schedule = Callable[[Any], jax.Array]
+"""A learning-rate schedule: `schedule(count) -> lr`.
+
+`count` is the number of scheduler steps taken, a Python int or an integer
+array (traced or not); the result is a `jax.Array` of the count's shape: the
+lr (or momentum) after `count` steps, as torch's scheduler shows it. Pass one
+as `lr` (or another hyper-parameter that takes schedules) to a functional
+optimizer, which evaluates it at the number of updates done so far.
+"""
+
 Formula = Callable[[jax.Array, ArrayOps], Any]
 
 
 def from_formula(formula: Formula, name: str) -> Schedule:
-    """The schedule ``count -> formula(count, ArrayOps(dtype))``.
+    """The schedule `count -> formula(count, ArrayOps(dtype))`.
 
-    ``count`` is the number of scheduler steps taken (a Python int or an
+    `count` is the number of scheduler steps taken (a Python int or an
     integer array, traced or not). The result is a 0-d array (or the count's
     shape) in the compute dtype of the step evaluating it (float32 for a
     float32 or bfloat16 parameter, so a float32 step holds no float64 value

@@ -3,10 +3,10 @@
 Every schedule's formula is written once, as a plain function of the step
 count ``t`` and an *ops* object, and evaluated by both layers:
 
-* :data:`PYTHON` -- Python ints and floats in torch's own order of operations.
+* `PYTHON` -- Python ints and floats in torch's own order of operations.
   The ``lucid.optim.lr_scheduler`` classes use it, so they compute what
   torch's classes compute, in double precision.
-* :class:`ArrayOps` -- ``jax.numpy`` in one float dtype, traceable with an
+* `ArrayOps` -- ``jax.numpy`` in one float dtype, traceable with an
   integer array count, no Python control flow on the count. The functional
   schedules use it.
 
@@ -14,7 +14,7 @@ The ops object supplies the primitives whose accurate evaluation differs
 between the two: branch selection, integer powers of a constant, the cosine
 bump ``(1 + cos(pi * num / den)) / 2``, the triangle of a cycle and the
 anneal between two values. torch's expressions, evaluated in float32, would
-lose most of their digits in a few places, so in float32 :class:`ArrayOps`
+lose most of their digits in a few places, so in float32 `ArrayOps`
 computes the same quantities another way:
 
 * ``gamma ** k`` as ``exp(k * head) * exp(k * tail)``, ``log(gamma)`` split
@@ -31,7 +31,7 @@ computes the same quantities another way:
   the steps remaining, so the value stays accurate where it approaches a
   tiny ``end`` (OneCycleLR's ``min_lr``).
 
-In float64 :class:`ArrayOps` keeps torch's expressions, so lucid reproduces
+In float64 `ArrayOps` keeps torch's expressions, so lucid reproduces
 the rounding torch's own results carry where they are ill-conditioned (near a
 cosine trough, relative to the true cosine it grows like ``1e-17 * T**2``;
 at the end of a linear anneal to ``min_lr``, ``1e-11``), not only the exact
@@ -134,7 +134,7 @@ _COMPUTE_DTYPE: contextvars.ContextVar[np.dtype | None] = contextvars.ContextVar
 
 def default_float_dtype() -> np.dtype:
     """The dtype a schedule computes in (read at trace time): the compute dtype of
-    the step evaluating it (:func:`computing_in`), else float64 when x64 is
+    the step evaluating it (`computing_in`), else float64 when x64 is
     enabled and float32 otherwise."""
     dtype = _COMPUTE_DTYPE.get()
     if dtype is not None:
@@ -232,7 +232,7 @@ class ArrayOps:
     def triangle(
         self, t: Any, total_size: float, step_ratio: float, up: Any, down: Any
     ) -> tuple[jax.Array, jax.Array]:
-        """As :meth:`PythonOps.triangle`; in integers when ``up`` and ``down`` are whole."""
+        """As `PythonOps.triangle`; in integers when ``up`` and ``down`` are whole."""
         t = jnp.asarray(t)
         whole = up is not None and down is not None
         whole = whole and float(up).is_integer() and float(down).is_integer()
@@ -259,7 +259,7 @@ class ArrayOps:
     def anneal(
         self, start: Any, end: Any, t: Any, start_step: float, end_step: float, strategy: str
     ) -> jax.Array:
-        """As :meth:`PythonOps.anneal`; see the module docstring for float32."""
+        """As `PythonOps.anneal`; see the module docstring for float32."""
         length = (end_step - start_step) or 1.0  # a zero-length phase is never selected
         done = self._minus(t, start_step)
         if self.dtype == np.float64:

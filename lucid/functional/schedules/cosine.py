@@ -16,7 +16,7 @@ $$
 Evaluated with torch's own expression in float64 this reproduces torch's
 recursion to ~1e-13 relative (also near the troughs, where both carry the
 same rounding of ``1 + cos``); float32 uses the ``sin**2`` form of
-:meth:`ArrayOps.cos_bump`.
+`ArrayOps.cos_bump`.
 
 **CosineAnnealingWarmRestarts.** ``lr = eta + (b - eta) (1 + cos(pi T_cur /
 T_i)) / 2`` where ``T_i`` is the current period (``T_0 * T_mult**n`` in the
@@ -60,10 +60,10 @@ def validate_warm_restarts(T_0: Any, T_mult: Any, eta_min: Any) -> None:
 
 
 def restart_position(t: jax.Array, T_0: int, T_mult: int) -> tuple[jax.Array, jax.Array]:
-    """``(T_cur, T_i)`` after ``t`` steps, as torch's step() leaves them.
+    """`(T_cur, T_i)` after `t` steps, as torch's step() leaves them.
 
-    With ``T_mult = m > 1`` the ``n``-th period starts at ``T_0 (m**n - 1) /
-    (m - 1)``; ``n`` is estimated with a logarithm and corrected by one either
+    With `T_mult = m > 1` the `n`-th period starts at `T_0 (m**n - 1) /
+    (m - 1)`; `n` is estimated with a logarithm and corrected by one either
     way with exact integer comparisons.
     """
     if T_mult == 1:
@@ -81,8 +81,33 @@ def restart_position(t: jax.Array, T_0: int, T_mult: int) -> tuple[jax.Array, ja
 
 
 def cosine_annealing_lr(base_lr: float, T_max: int, eta_min: float = 0.0) -> Schedule:
-    """``CosineAnnealingLR``: ``eta_min + (base_lr - eta_min) (1 + cos(pi count / T_max)) / 2``,
-    oscillating past ``T_max`` as torch's recursive step() does."""
+    """torch's `CosineAnnealingLR` as a function: a cosine from `base_lr` down to `eta_min`.
+
+    $$
+    \\eta(t) = \\eta_{min} + (b - \\eta_{min}) \\, \\frac{1 + \\cos(\\pi t / T_{max})}{2}
+    $$
+
+    for every $t$: past `T_max` the lr rises back along the same cosine, with
+    period `2 T_max`, as torch's recursive `step()` does (optax's cosine decay
+    stays at its end value instead).
+
+    Args:
+      base_lr: the lr $b$ at the start.
+      T_max: the number of steps $T_{max}$ of the descent (nonzero).
+      eta_min: the lowest lr $\\eta_{min}$.
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Raises:
+      ValueError: `T_max` is 0.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.cosine_annealing_lr(1.0, T_max=4)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(9)).tolist()]
+      [1.0, 0.8536, 0.5, 0.1464, 0.0, 0.1464, 0.5, 0.8536, 1.0]
+    """
     if T_max == 0:
         raise ValueError("T_max must be nonzero (torch divides by it), got 0")
     return from_formula(
@@ -94,8 +119,36 @@ def cosine_annealing_lr(base_lr: float, T_max: int, eta_min: float = 0.0) -> Sch
 def cosine_annealing_warm_restarts(
     base_lr: float, T_0: int, T_mult: int = 1, eta_min: float = 0.0
 ) -> Schedule:
-    """``CosineAnnealingWarmRestarts``: cosine annealing restarted after ``T_0``,
-    ``T_0 * T_mult``, ``T_0 * T_mult**2``, ... steps."""
+    """torch's `CosineAnnealingWarmRestarts` as a function: cosine annealing with restarts (SGDR).
+
+    $$
+    \\eta(t) = \\eta_{min} + (b - \\eta_{min}) \\, \\frac{1 + \\cos(\\pi T_{cur} / T_i)}{2},
+    $$
+
+    where the periods are $T_0, T_0 T_{mult}, T_0 T_{mult}^2, \\dots$ steps,
+    $T_i$ is the current one and $T_{cur}$ counts the steps since it began
+    (the lr restarts at $b$ at each period's start).
+
+    Args:
+      base_lr: the lr $b$ at the start of every period.
+      T_0: the length $T_0$ of the first period, in steps (a positive int).
+      T_mult: the factor $T_{mult}$ by which each period is longer than the
+        previous one (an int $\\ge 1$).
+      eta_min: the lowest lr $\\eta_{min}$.
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Raises:
+      ValueError: `T_0` not a positive int, `T_mult` not an int $\\ge 1$, or
+        `eta_min` not a number.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.cosine_annealing_warm_restarts(1.0, T_0=2, T_mult=2)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(8)).tolist()]
+      [1.0, 0.5, 1.0, 0.8536, 0.5, 0.1464, 1.0, 0.9619]
+    """
     validate_warm_restarts(T_0, T_mult, eta_min)
 
     def formula(t: jax.Array, ops: Any) -> Any:

@@ -1,26 +1,25 @@
 """Multiplicative decays: StepLR, MultiStepLR, ExponentialLR, ConstantLR, LinearLR,
 PolynomialLR, LambdaLR, MultiplicativeLR.
 
-torch's ``step()`` reaches each of these (except LambdaLR) by scaling the
-group's *current* lr by a per-step factor. With base lr ``b`` the product of
+torch's `step()` reaches each of these (except LambdaLR) by scaling the
+group's *current* lr by a per-step factor. With base lr `b` the product of
 those factors telescopes to the closed forms below, which equal torch's
-sequence up to rounding (``lucid.optim.lr_scheduler`` keeps the recursive
+sequence up to rounding (`lucid.optim.lr_scheduler` keeps the recursive
 step itself, so chaining and edited learning rates behave as in torch):
 
-=================  =========================================================
-step_lr            ``b * gamma ** (t // step_size)``
-multi_step_lr      ``b * gamma ** #{milestones <= t}`` (a repeated milestone
-                   counts twice)
-exponential_lr     ``b * gamma ** t``
-constant_lr        ``b * factor`` for ``t < total_iters``, then ``b``
-linear_lr          ``b * (s + (e - s) * min(t, T) / T)``
-polynomial_lr      ``b * ((T - min(t, T)) / T) ** power``
-lambda_lr          ``b * lr_lambda(t)``
-multiplicative_lr  ``b * prod_{i=1..t} lr_lambda(i)``
-=================  =========================================================
+| schedule | lr after `t` steps |
+| --- | --- |
+| `step_lr` | `b * gamma ** (t // step_size)` |
+| `multi_step_lr` | `b * gamma ** #{milestones <= t}` (a repeated milestone counts twice) |
+| `exponential_lr` | `b * gamma ** t` |
+| `constant_lr` | `b * factor` for `t < total_iters`, then `b` |
+| `linear_lr` | `b * (s + (e - s) * min(t, T) / T)` |
+| `polynomial_lr` | `b * ((T - min(t, T)) / T) ** power` |
+| `lambda_lr` | `b * lr_lambda(t)` |
+| `multiplicative_lr` | `b * prod_{i=1..t} lr_lambda(i)` |
 
-When ``total_iters <= 0`` torch's recursion never reaches its end step, so
-ConstantLR and LinearLR keep their first factor and PolynomialLR keeps ``b``;
+When `total_iters <= 0` torch's recursion never reaches its end step, so
+ConstantLR and LinearLR keep their first factor and PolynomialLR keeps `b`;
 the closed forms here do the same.
 """
 
@@ -46,7 +45,7 @@ def step_lr_at(t: Any, base_lr: Any, step_size: Any, gamma: float, ops: Any = PY
 def multi_step_lr_at(
     t: Any, base_lr: Any, milestones: Sequence[int], gamma: float, ops: Any = PYTHON
 ) -> Scalar:
-    """``milestones`` sorted, with repeats (torch's ``Counter.elements()``)."""
+    """`milestones` sorted, with repeats (torch's `Counter.elements()`)."""
     return base_lr * ops.int_power(gamma, ops.count_reached(milestones, t))
 
 
@@ -111,16 +110,57 @@ def _require_nonzero(value: Any, name: str) -> None:
 
 
 def step_lr(base_lr: float, step_size: int, gamma: float = 0.1) -> Schedule:
-    """``torch.optim.lr_scheduler.StepLR``: ``base_lr * gamma ** (count // step_size)``."""
+    """torch's `StepLR` as a function: decay by `gamma` every `step_size` steps.
+
+    $$
+    \\eta(t) = b \\, \\gamma^{\\lfloor t / \\text{step\\_size} \\rfloor}
+    $$
+
+    Args:
+      base_lr: the lr $b$ at the start (torch: the group's `initial_lr`).
+      step_size: the period of the decay, in steps (nonzero).
+      gamma: the factor $\\gamma$ of each decay.
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Raises:
+      ValueError: `step_size` is 0.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.step_lr(1.0, step_size=2, gamma=0.5)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    """
     _require_nonzero(step_size, "step_size")
     return from_formula(lambda t, ops: step_lr_at(t, base_lr, step_size, gamma, ops), "step_lr")
 
 
 def multi_step_lr(base_lr: float, milestones: Iterable[int], gamma: float = 0.1) -> Schedule:
-    """``MultiStepLR``: ``base_lr * gamma ** (number of milestones <= count)``.
+    """torch's `MultiStepLR` as a function: decay by `gamma` at each milestone.
 
-    Milestones are a multiset, as torch's ``Counter``: one repeated decays twice.
-    Negative milestones are never reached by torch's step() and are dropped.
+    $$
+    \\eta(t) = b \\, \\gamma^{\\#\\{m \\in \\text{milestones} : m \\le t\\}}
+    $$
+
+    Milestones are a multiset, as torch's `Counter`: one repeated decays
+    twice. Negative milestones are never reached by torch's `step()` and are
+    dropped.
+
+    Args:
+      base_lr: the lr $b$ at the start.
+      milestones: the steps at which the lr decays (any order).
+      gamma: the factor $\\gamma$ of each decay.
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.multi_step_lr(1.0, milestones=[2, 4, 4], gamma=0.5)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [1.0, 1.0, 0.5, 0.5, 0.125, 0.125]
     """
     points = sorted(int(m) for m in milestones if m >= 0)
     return from_formula(
@@ -129,12 +169,52 @@ def multi_step_lr(base_lr: float, milestones: Iterable[int], gamma: float = 0.1)
 
 
 def exponential_lr(base_lr: float, gamma: float) -> Schedule:
-    """``ExponentialLR``: ``base_lr * gamma ** count``."""
+    """torch's `ExponentialLR` as a function: decay by `gamma` every step.
+
+    $\\eta(t) = b \\, \\gamma^{t}$.
+
+    Args:
+      base_lr: the lr $b$ at the start.
+      gamma: the factor $\\gamma$ of each step's decay.
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.exponential_lr(1.0, gamma=0.5)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [1.0, 0.5, 0.25, 0.125, 0.0625, 0.0312]
+    """
     return from_formula(lambda t, ops: exponential_lr_at(t, base_lr, gamma, ops), "exponential_lr")
 
 
 def constant_lr(base_lr: float, factor: float = 1.0 / 3, total_iters: int = 5) -> Schedule:
-    """``ConstantLR``: ``base_lr * factor`` until ``total_iters``, then ``base_lr``."""
+    """torch's `ConstantLR` as a function: a constant `factor` for `total_iters` steps.
+
+    $$
+    \\eta(t) = \\begin{cases} b \\cdot \\text{factor} & t < \\text{total\\_iters} \\\\
+    b & t \\ge \\text{total\\_iters} \\end{cases}
+    $$
+
+    Args:
+      base_lr: the lr $b$ after the constant phase.
+      factor: the factor, in $[0, 1]$.
+      total_iters: the number of steps the factor lasts (with `<= 0`, it
+        lasts for ever, as torch's recursion never reaches its end).
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Raises:
+      ValueError: `factor` outside $[0, 1]$.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.constant_lr(1.0, factor=0.5, total_iters=3)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [0.5, 0.5, 0.5, 1.0, 1.0, 1.0]
+    """
     validate_constant_lr(factor)
     return from_formula(
         lambda t, ops: constant_lr_at(t, base_lr, factor, total_iters, ops), "constant_lr"
@@ -147,8 +227,31 @@ def linear_lr(
     end_factor: float = 1.0,
     total_iters: int = 5,
 ) -> Schedule:
-    """``LinearLR``: the factor moves linearly from ``start_factor`` to
-    ``end_factor`` over ``total_iters`` steps, then stays."""
+    """torch's `LinearLR` as a function: a linear factor from `start_factor` to `end_factor`.
+
+    $$
+    \\eta(t) = b \\left(s + (e - s) \\frac{\\min(t, T)}{T}\\right)
+    $$
+
+    Args:
+      base_lr: the lr $b$ the factors multiply.
+      start_factor: the factor $s$ at step 0, in $(0, 1]$.
+      end_factor: the factor $e$ from step `total_iters` on, in $[0, 1]$.
+      total_iters: the number of steps $T$ the factor takes to reach $e$
+        (with `<= 0`, the factor stays $s$, as in torch).
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Raises:
+      ValueError: `start_factor` outside $(0, 1]$ or `end_factor` outside $[0, 1]$.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.linear_lr(1.0, start_factor=0.25, total_iters=3)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    """
     validate_linear_lr(start_factor, end_factor)
     return from_formula(
         lambda t, ops: linear_lr_at(t, base_lr, start_factor, end_factor, total_iters, ops),
@@ -157,31 +260,82 @@ def linear_lr(
 
 
 def polynomial_lr(base_lr: float, total_iters: int = 5, power: float = 1.0) -> Schedule:
-    """``PolynomialLR``: ``base_lr * (1 - min(count, total_iters) / total_iters) ** power``."""
+    """torch's `PolynomialLR` as a function: a polynomial decay to zero over `total_iters` steps.
+
+    $$
+    \\eta(t) = b \\left(1 - \\frac{\\min(t, T)}{T}\\right)^{p}
+    $$
+
+    Args:
+      base_lr: the lr $b$ at the start.
+      total_iters: the number of steps $T$ the decay takes (with `<= 0` the
+        lr stays $b$, as in torch).
+      power: the power $p$ of the polynomial (1: linear).
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.polynomial_lr(1.0, total_iters=4, power=2.0)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [1.0, 0.5625, 0.25, 0.0625, 0.0, 0.0]
+    """
     return from_formula(
         lambda t, ops: polynomial_lr_at(t, base_lr, total_iters, power, ops), "polynomial_lr"
     )
 
 
 def lambda_lr(base_lr: float, lr_lambda: Callable[[jax.Array], Any]) -> Schedule:
-    """``LambdaLR``: ``base_lr * lr_lambda(count)``.
+    """torch's `LambdaLR` as a function: the base lr times a function of the step.
 
-    ``lr_lambda`` receives the integer count array and must be traceable
-    (jnp operations, no Python branching on the count).
+    $\\eta(t) = b \\, \\lambda(t)$.
+
+    Args:
+      base_lr: the lr $b$ the factor multiplies.
+      lr_lambda: $\\lambda$, given the integer count array; it must be
+        traceable (jnp operations, no Python branching on the count).
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.lambda_lr(1.0, lambda t: 1.0 / (1 + t))
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [1.0, 0.5, 0.3333, 0.25, 0.2, 0.1667]
     """
     return from_formula(lambda t, ops: base_lr * ops.to_float(lr_lambda(t)), "lambda_lr")
 
 
 def multiplicative_lr(base_lr: float, lr_lambda: Callable[[jax.Array], Any]) -> Schedule:
-    """``MultiplicativeLR``: ``base_lr * prod_{i=1..count} lr_lambda(i)``.
+    """torch's `MultiplicativeLR` as a function: the product of a function's factors.
 
-    torch multiplies the current lr by ``lr_lambda(epoch)`` at every step
+    $$
+    \\eta(t) = b \\prod_{i=1}^{t} \\lambda(i)
+    $$
+
+    torch multiplies the current lr by `lr_lambda(epoch)` at every step
     after construction; with an arbitrary lambda there is no closed form, so
-    the product is a ``fori_loop`` of ``count`` iterations (traceable, O(count)).
-    ``lr_lambda`` receives the integer step index and must be traceable. A
-    lambda that returns a plain number (a constant factor) is ``gamma**count``,
-    evaluated as ExponentialLR is; otherwise float32 accumulates the rounding
-    of each factor (``count`` times float32's epsilon, relative, at worst).
+    the product is a `fori_loop` of `count` iterations (traceable, O(count)).
+    A lambda that returns a plain number (a constant factor) is
+    $\\gamma^{t}$, evaluated as `exponential_lr` is; otherwise float32
+    accumulates the rounding of each factor (`count` times float32's
+    epsilon, relative, at worst).
+
+    Args:
+      base_lr: the lr $b$ at the start.
+      lr_lambda: $\\lambda$, given the integer step index $i$ (an array); it
+        must be traceable.
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.multiplicative_lr(1.0, lambda i: 1.0 / (1 + i))
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [1.0, 0.5, 0.1667, 0.0417, 0.0083, 0.0014]
     """
 
     def formula(t: jax.Array, ops: Any) -> jax.Array:

@@ -1,19 +1,19 @@
 """OneCycleLR (Smith & Topin, 2018) and its momentum curve.
 
-The schedule is a list of phases, torch's ``_schedule_phases``; phase ``i``
-ends at step ``end_i`` (the last phase at ``total_steps - 1``) and anneals
-from a start value to an end value over ``pct = (t - end_{i-1}) / (end_i -
-end_{i-1})``, with ``end_{-1} = 0``:
+The schedule is a list of phases, torch's `_schedule_phases`; phase `i`
+ends at step `end_i` (the last phase at `total_steps - 1`) and anneals
+from a start value to an end value over `pct = (t - end_{i-1}) / (end_i -
+end_{i-1})`, with `end_{-1} = 0`:
 
-* ``cos``:    ``end + (start - end) (1 + cos(pi pct)) / 2``
-* ``linear``: ``(end - start) pct + start``
+* `cos`:    `end + (start - end) (1 + cos(pi pct)) / 2`
+* `linear`: `(end - start) pct + start`
 
-Two phases: ``initial_lr -> max_lr`` until ``pct_start * total_steps - 1``,
-then ``max_lr -> min_lr``. ``three_phase``: up, back down to ``initial_lr``
-at ``2 pct_start total_steps - 2``, then down to ``min_lr``.
-``initial_lr = max_lr / div_factor`` and ``min_lr = initial_lr /
-final_div_factor``. Momentum runs the other way, between ``max_momentum``
-and ``base_momentum``. torch raises once stepped past ``total_steps``; the
+Two phases: `initial_lr -> max_lr` until `pct_start * total_steps - 1`,
+then `max_lr -> min_lr`. `three_phase`: up, back down to `initial_lr`
+at `2 pct_start total_steps - 2`, then down to `min_lr`.
+`initial_lr = max_lr / div_factor` and `min_lr = initial_lr /
+final_div_factor`. Momentum runs the other way, between `max_momentum`
+and `base_momentum`. torch raises once stepped past `total_steps`; the
 functional form keeps evaluating the last phase's formula there.
 """
 
@@ -32,7 +32,7 @@ _MOMENTUM_KEYS = ("start_momentum", "end_momentum")
 
 
 def total_steps_of(total_steps: Any, epochs: Any, steps_per_epoch: Any) -> int:
-    """torch's resolution of the length and its ``ValueError`` wording."""
+    """torch's resolution of the length and its `ValueError` wording."""
     if total_steps is not None:
         if total_steps <= 0 or not isinstance(total_steps, int):
             raise ValueError(f"Expected positive integer total_steps, but got {total_steps}")
@@ -49,7 +49,7 @@ def total_steps_of(total_steps: Any, epochs: Any, steps_per_epoch: Any) -> int:
 
 
 def schedule_phases(total_steps: int, pct_start: float, three_phase: bool) -> list[dict]:
-    """torch's ``_schedule_phases`` (group keys to read, and each phase's end step)."""
+    """torch's `_schedule_phases` (group keys to read, and each phase's end step)."""
     up_end = float(pct_start * total_steps) - 1
     if three_phase:
         return [
@@ -91,8 +91,8 @@ def validate_one_cycle(pct_start: Any, anneal_strategy: Any) -> None:
 def phase_value_at(
     t: Any, phases: Sequence[tuple[float, Any, Any]], strategy: str, ops: Any = PYTHON
 ) -> Scalar:
-    """The value at ``t`` of phases ``(end_step, start_value, end_value)``: the first
-    phase with ``t <= end_step`` (or the last) anneals, as in torch's get_lr."""
+    """The value at `t` of phases `(end_step, start_value, end_value)`: the first
+    phase with `t <= end_step` (or the last) anneals, as in torch's get_lr."""
     values, start_step = [], 0.0
     for end_step, start_value, end_value in phases:
         values.append(ops.anneal(start_value, end_value, t, start_step, end_step, strategy))
@@ -126,8 +126,55 @@ def one_cycle_lr(
     final_div_factor: float = 1e4,
     three_phase: bool = False,
 ) -> Schedule:
-    """``torch.optim.lr_scheduler.OneCycleLR``'s learning rate (torch's keywords,
-    minus the optimizer and the momentum ones: see :func:`one_cycle_momentum`)."""
+    """torch's `OneCycleLR` as a function: warm up to `max_lr`, then anneal far below the start.
+
+    With $\\eta_{init} = \\text{max\\_lr} / \\text{div\\_factor}$ and
+    $\\eta_{min} = \\eta_{init} / \\text{final\\_div\\_factor}$, the lr goes
+    $\\eta_{init} \\to \\text{max\\_lr} \\to \\eta_{min}$ (two phases) or
+    $\\eta_{init} \\to \\text{max\\_lr} \\to \\eta_{init} \\to \\eta_{min}$
+    (`three_phase`).
+
+    With $T$ = `total_steps` and $p$ = `pct_start`, the curve moves through
+    phases, each annealing from one value to the next: two phases (the
+    default) end at steps $pT - 1$ and $T - 1$; with `three_phase`, three
+    end at $pT - 1$, $2pT - 2$ and $T - 1$. With $f$ the fraction of the
+    phase done, an anneal from $a$ to $z$ is $z + (a - z)(1 + \\cos \\pi f) / 2$
+    (`"cos"`) or $a + (z - a) f$ (`"linear"`). Past `total_steps`, where
+    torch's scheduler raises, the last phase's formula keeps being evaluated.
+
+    torch's keywords, minus the optimizer and the momentum ones (see
+    [one_cycle_momentum][lucid.functional.schedules.one_cycle_momentum]).
+
+    Args:
+      max_lr: the peak lr.
+      total_steps: the number of steps in the cycle; `None` computes it as
+        `epochs * steps_per_epoch`.
+      epochs: with `steps_per_epoch`, the length of the cycle when
+        `total_steps` is `None`.
+      steps_per_epoch: the steps (batches) per epoch, with `epochs`.
+      pct_start: the fraction $p$ of the cycle spent raising the lr, a float
+        in $[0, 1]$.
+      anneal_strategy: `"cos"` or `"linear"`, the shape of each anneal.
+      div_factor: the starting lr is `max_lr / div_factor`.
+      final_div_factor: the final lr is `max_lr / div_factor / final_div_factor`.
+      three_phase: use three phases (above), the first two symmetric about
+        step $pT - 1$; otherwise the second phase anneals straight to
+        $\\eta_{min}$.
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> lr`.
+
+    Raises:
+      ValueError: neither `total_steps` nor both `epochs` and
+        `steps_per_epoch`, or one of them not a positive int; `pct_start` not
+        a float in $[0, 1]$; an unknown `anneal_strategy`.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.one_cycle_lr(1.0, total_steps=6)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [0.04, 0.9944, 0.8117, 0.4626, 0.1335, 0.0]
+    """
     total = total_steps_of(total_steps, epochs, steps_per_epoch)
     validate_one_cycle(pct_start, anneal_strategy)
     initial_lr = max_lr / div_factor
@@ -148,7 +195,48 @@ def one_cycle_momentum(
     max_momentum: float = 0.95,
     three_phase: bool = False,
 ) -> Schedule:
-    """The momentum (or ``beta1``) OneCycleLR sets with ``cycle_momentum=True``."""
+    """The momentum (or `beta1`) torch's `OneCycleLR` sets with `cycle_momentum=True`.
+
+    It runs opposite to the lr: `max_momentum` $\\to$ `base_momentum` $\\to$
+    `max_momentum` (two phases), or `max_momentum` $\\to$ `base_momentum`
+    $\\to$ `max_momentum` $\\to$ `max_momentum` (`three_phase`), over the same
+    phases as [one_cycle_lr][lucid.functional.schedules.one_cycle_lr].
+
+    With $T$ = `total_steps` and $p$ = `pct_start`, the curve moves through
+    phases, each annealing from one value to the next: two phases (the
+    default) end at steps $pT - 1$ and $T - 1$; with `three_phase`, three
+    end at $pT - 1$, $2pT - 2$ and $T - 1$. With $f$ the fraction of the
+    phase done, an anneal from $a$ to $z$ is $z + (a - z)(1 + \\cos \\pi f) / 2$
+    (`"cos"`) or $a + (z - a) f$ (`"linear"`). Past `total_steps`, where
+    torch's scheduler raises, the last phase's formula keeps being evaluated.
+
+    Args:
+      total_steps: the number of steps in the cycle; `None` computes it as
+        `epochs * steps_per_epoch`.
+      epochs: with `steps_per_epoch`, the length of the cycle when
+        `total_steps` is `None`.
+      steps_per_epoch: the steps (batches) per epoch, with `epochs`.
+      pct_start: the fraction $p$ of the cycle spent raising the lr, a float
+        in $[0, 1]$.
+      anneal_strategy: `"cos"` or `"linear"`, the shape of each anneal.
+      base_momentum: the momentum where the lr peaks.
+      max_momentum: the momentum at the start and the end of the cycle.
+      three_phase: use three phases (above).
+
+    Returns:
+      A [Schedule][lucid.functional.schedules.Schedule], `count -> momentum`.
+
+    Raises:
+      ValueError: neither `total_steps` nor both `epochs` and
+        `steps_per_epoch`, or one of them not a positive int; `pct_start` not
+        a float in $[0, 1]$; an unknown `anneal_strategy`.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid.functional as LF
+      >>> schedule = LF.schedules.one_cycle_momentum(total_steps=6)
+      >>> [round(lr, 4) for lr in schedule(jnp.arange(6)).tolist()]
+      [0.95, 0.8506, 0.8688, 0.9037, 0.9367, 0.95]
+    """
     total = total_steps_of(total_steps, epochs, steps_per_epoch)
     validate_one_cycle(pct_start, anneal_strategy)
     levels = {"max_momentum": max_momentum, "base_momentum": base_momentum}

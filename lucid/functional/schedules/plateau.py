@@ -1,16 +1,16 @@
 """ReduceLROnPlateau as a pure state machine.
 
-After each metric, with ``better`` torch's comparison against the best value
-so far (``rel``: ``a < best * (1 - threshold)`` in ``min`` mode, ``a > best *
-(1 + threshold)`` in ``max`` mode; ``abs``: ``best -/+ threshold``):
+After each metric, with `better` torch's comparison against the best value
+so far (`rel`: `a < best * (1 - threshold)` in `min` mode, `a > best *
+(1 + threshold)` in `max` mode; `abs`: `best -/+ threshold`):
 
-1. ``better``: ``best = a`` and the bad-epoch count resets, otherwise it grows;
+1. `better`: `best = a` and the bad-epoch count resets, otherwise it grows;
 2. during cooldown the counter counts down and bad epochs are ignored;
-3. more than ``patience`` bad epochs: every lr becomes ``max(lr * factor,
-   min_lr)`` -- unless that changes it by ``eps`` or less -- and cooldown starts.
+3. more than `patience` bad epochs: every lr becomes `max(lr * factor,
+   min_lr)` -- unless that changes it by `eps` or less -- and cooldown starts.
 
-The functional state carries the learning rate (``scale = lr / base_lr``)
-because ``min_lr`` and ``eps`` are absolute.
+The functional state carries the learning rate (`scale = lr / base_lr`)
+because `min_lr` and `eps` are absolute.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def validate_modes(mode: str, threshold_mode: str) -> None:
 
 
 def worst(mode: str) -> float:
-    """The starting ``best``: the worst value in ``mode``."""
+    """The starting `best`: the worst value in `mode`."""
     return float("inf") if mode == "min" else float("-inf")
 
 
@@ -66,7 +66,7 @@ def transition(
     cooldown: int,
     ops: Any = PYTHON,
 ) -> tuple[Any, Any, Any, Any]:
-    """One metric: ``(best, num_bad_epochs, cooldown_counter, reduce)``."""
+    """One metric: `(best, num_bad_epochs, cooldown_counter, reduce)`."""
     better = is_better(current, best, mode, threshold_mode, threshold)
     best = ops.where(better, current, best)
     num_bad_epochs = ops.where(better, 0, num_bad_epochs + 1)
@@ -80,12 +80,29 @@ def transition(
 
 
 def reduced_lr(lr: Any, factor: float, min_lr: Any, eps: float, ops: Any = PYTHON) -> Any:
-    """``max(lr * factor, min_lr)``, or ``lr`` itself when that moves it by ``eps`` or less."""
+    """`max(lr * factor, min_lr)`, or `lr` itself when that moves it by `eps` or less."""
     new_lr = ops.maximum(lr * factor, min_lr)
     return ops.where(lr - new_lr > eps, new_lr, lr)
 
 
 class PlateauState(NamedTuple):
+    """The state of a [Plateau][lucid.functional.schedules.Plateau] (all 0-d arrays but `lr`).
+
+    Attributes:
+      best: the best metric so far (the worst value of `mode` before any).
+      num_bad_epochs: the metrics without improvement since the last
+        improvement or reduction (int32).
+      cooldown_counter: the cooldown epochs left (int32).
+      last_epoch: the number of metrics seen (int32).
+      lr: the current lr, one per group when `base_lr` is a vector.
+
+    Examples:
+      >>> import lucid.functional as LF
+      >>> state = LF.schedules.reduce_lr_on_plateau(base_lr=0.1).init()
+      >>> float(state.best), int(state.num_bad_epochs), round(float(state.lr), 4)
+      (inf, 0, 0.1)
+    """
+
     best: jax.Array  # best metric so far
     num_bad_epochs: jax.Array  # int32
     cooldown_counter: jax.Array  # int32
@@ -94,7 +111,27 @@ class PlateauState(NamedTuple):
 
 
 class Plateau(NamedTuple):
-    """``init() -> state``, ``update(state, metric) -> state``, ``scale(state) -> lr / base_lr``."""
+    """ReduceLROnPlateau as three pure, jit-able functions.
+
+    Made by [reduce_lr_on_plateau][lucid.functional.schedules.reduce_lr_on_plateau].
+
+    Attributes:
+      init: `init() -> state`, a
+        [PlateauState][lucid.functional.schedules.PlateauState] before any
+        metric.
+      update: `update(state, metric) -> state`, recording one epoch's metric
+        (a number or a 0-d array) and reducing the lr when it has plateaued.
+      scale: `scale(state) -> lr / base_lr`, the factor to multiply an
+        optimizer's updates (or its base lr) by.
+
+    Examples:
+      >>> import jax, lucid.functional as LF
+      >>> plateau = LF.schedules.reduce_lr_on_plateau(patience=0)
+      >>> update = jax.jit(plateau.update)
+      >>> state = update(update(plateau.init(), 1.0), 1.0)  # no improvement
+      >>> round(float(plateau.scale(state)), 4)
+      0.1
+    """
 
     init: Callable[[], PlateauState]
     update: Callable[[PlateauState, Any], PlateauState]
@@ -112,11 +149,52 @@ def reduce_lr_on_plateau(
     min_lr: Any = 0.0,
     eps: float = 1e-8,
 ) -> Plateau:
-    """``torch.optim.lr_scheduler.ReduceLROnPlateau`` as ``init``/``update``/``scale``.
+    """torch's `ReduceLROnPlateau` as a pure state machine: `init`, `update`, `scale`.
 
-    ``base_lr`` and ``min_lr`` may be vectors (one entry per parameter group).
-    With the default ``base_lr=1.0`` the state's ``lr`` is the scale itself.
-    Everything is jit-able; the dtype is the default float dtype.
+    With $b$ the best metric so far and $\\tau$ = `threshold`, a metric $a$
+    is an improvement when $a < b(1 - \\tau)$ (`mode="min"`,
+    `threshold_mode="rel"`), $a < b - \\tau$ (`"min"`, `"abs"`),
+    $a > b(1 + \\tau)$ (`"max"`, `"rel"`) or $a > b + \\tau$ (`"max"`,
+    `"abs"`). An improvement becomes the best and resets the count of bad
+    epochs; any other metric adds one (none during a cooldown). When the
+    count exceeds `patience`, the lr becomes
+    $\\max(\\eta \\cdot \\text{factor}, \\text{min\\_lr})$ (unless that moves it
+    by `eps` or less), the count resets and a cooldown of `cooldown` metrics
+    starts. The state carries the lr itself, since `min_lr` and `eps` are
+    absolute; `scale(state)` is `lr / base_lr`.
+
+    Args:
+      base_lr: the lr at the start; a vector gives one lr per parameter
+        group. With the default 1.0, the state's `lr` is the scale itself.
+      mode: `"min"` (the metric should decrease, a loss) or `"max"` (it
+        should increase, an accuracy).
+      factor: the factor the lr is multiplied by at a reduction, `< 1`.
+      patience: the number of metrics without improvement tolerated; the lr
+        is reduced at the next one.
+      threshold: the margin $\\tau$ a metric must beat the best by.
+      threshold_mode: `"rel"` (a relative margin) or `"abs"` (an absolute one).
+      cooldown: the number of metrics after a reduction during which bad
+        ones are not counted.
+      min_lr: the lowest lr a reduction may reach; a vector gives one per
+        group.
+      eps: the smallest change of lr made: a smaller reduction is skipped.
+
+    Returns:
+      A [Plateau][lucid.functional.schedules.Plateau]: `init`, `update` and
+      `scale`, all jit-able, in the default float dtype.
+
+    Raises:
+      ValueError: `factor >= 1`, or an unknown `mode` or `threshold_mode`.
+
+    Examples:
+      >>> import lucid.functional as LF
+      >>> plateau = LF.schedules.reduce_lr_on_plateau(base_lr=1.0, factor=0.5, patience=1)
+      >>> state, lrs = plateau.init(), []
+      >>> for val_loss in [3.0, 2.0, 2.0, 2.0, 2.0, 1.0]:
+      ...     state = plateau.update(state, val_loss)
+      ...     lrs.append(float(state.lr))
+      >>> lrs, float(state.best)
+      ([1.0, 1.0, 1.0, 0.5, 0.5, 0.5], 1.0)
     """
     validate_plateau(factor, mode, threshold_mode)
     rules = dict(

@@ -1,27 +1,27 @@
-"""LRScheduler: torch's scheduler bookkeeping over any object with ``param_groups``.
+"""LRScheduler: torch's scheduler bookkeeping over any object with `param_groups`.
 
-A scheduler works on any optimizer-like object whose ``param_groups`` is a
-list of dicts holding ``'lr'`` (and ``'momentum'`` or ``'betas'`` for the
+A scheduler works on any optimizer-like object whose `param_groups` is a
+list of dicts holding `'lr'` (and `'momentum'` or `'betas'` for the
 cycling schedulers). Learning rates are Python floats, computed as torch
 computes them, so sequences agree with torch's to rounding.
 
-torch's protocol, kept here attribute for attribute (so ``state_dict()``
+torch's protocol, kept here attribute for attribute (so `state_dict()`
 has torch's keys and checkpoints move both ways):
 
-* construction with ``last_epoch=-1`` writes ``initial_lr`` into every group
-  with ``setdefault`` (a second scheduler keeps the first one's) and records
-  ``base_lrs`` from it; with ``last_epoch >= 0`` every group must already
-  hold ``initial_lr`` (``KeyError`` otherwise);
-* construction takes one step (``last_epoch`` -1 -> 0) in *initial mode*,
+* construction with `last_epoch=-1` writes `initial_lr` into every group
+  with `setdefault` (a second scheduler keeps the first one's) and records
+  `base_lrs` from it; with `last_epoch >= 0` every group must already
+  hold `initial_lr` (`KeyError` otherwise);
+* construction takes one step (`last_epoch` -1 -> 0) in *initial mode*,
   in which most recursive schedules leave the lr as it is;
-* ``step()`` increments ``last_epoch`` and writes ``get_lr()`` into the
-  groups; ``step(epoch)`` (deprecated in torch, warns) sets ``last_epoch``
+* `step()` increments `last_epoch` and writes `get_lr()` into the
+  groups; `step(epoch)` (deprecated in torch, warns) sets `last_epoch`
   and uses the closed form where the class has one;
-* ``get_last_lr()`` returns the lrs the last step wrote.
+* `get_last_lr()` returns the lrs the last step wrote.
 
-The first ``step()`` after construction warns, with torch's text, when the
+The first `step()` after construction warns, with torch's text, when the
 optimizer has not stepped yet (lucid's optimizers record their steps as torch's
-wrapped ``step`` does).
+wrapped `step` does).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ ORDER_WARNING = (
 
 
 def check_optimizer(optimizer: Any) -> None:
-    """torch's ``TypeError`` for something that is not an optimizer (here: has no
-    ``param_groups``)."""
+    """torch's `TypeError` for something that is not an optimizer (here: has no
+    `param_groups`)."""
     if not hasattr(optimizer, "param_groups"):
         raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
 
@@ -70,7 +70,7 @@ def per_group(name: str, optimizer: Any, value: Any) -> list[Any]:
 
 
 def _has_stepped(optimizer: Any) -> bool:
-    """Whether ``optimizer.step()`` ran (lucid's optimizers record it, as torch's wrapped
+    """Whether `optimizer.step()` ran (lucid's optimizers record it, as torch's wrapped
     step does; a CompiledOptimizer answers for the optimizer it runs)."""
     inner = getattr(optimizer, "optimizer", None)
     return bool(getattr(optimizer, "_opt_called", False) or getattr(inner, "_opt_called", False))
@@ -81,9 +81,9 @@ def group_values(optimizer: Any, key: str) -> list[Any]:
 
 
 def uses_beta1(optimizer: Any) -> bool:
-    """Whether momentum cycling writes ``betas[0]`` (True) or ``momentum`` (False).
+    """Whether momentum cycling writes `betas[0]` (True) or `momentum` (False).
 
-    torch looks at ``optimizer.defaults``; an object without ``defaults`` is
+    torch looks at `optimizer.defaults`; an object without `defaults` is
     judged by its first parameter group.
     """
     keys = getattr(optimizer, "defaults", None)
@@ -104,7 +104,54 @@ def set_momentum(group: dict, value: float, use_beta1: bool) -> None:
 
 
 class LRScheduler:
-    """Base class with torch.optim.lr_scheduler.LRScheduler's protocol."""
+    """Base class of the lr schedulers, with `torch.optim.lr_scheduler.LRScheduler`'s protocol.
+
+    A scheduler writes a new `lr` into every parameter group of its optimizer
+    at each `step()`, which you call once per epoch (or per batch, as the
+    schedule is meant), after `optimizer.step()`. It works on any object
+    whose `param_groups` is a list of dicts holding `"lr"`: lucid's
+    optimizers, a [CompiledOptimizer][lucid.optim.CompiledOptimizer] (whose
+    compiled step reads the new lr as a runtime input: no recompilation), or
+    your own. Learning rates are Python floats computed as torch computes
+    them; `state_dict()` has torch's keys, so checkpoints move both ways.
+
+    With `t` the number of `step()` calls since construction (`last_epoch`),
+    a subclass's `get_lr()` gives each group's lr at `t`. Construction takes
+    the first step (to `t = 0`). To write your own scheduler, subclass this
+    and write `get_lr`, as in torch.
+
+    Args:
+      optimizer: the optimizer whose `param_groups` the scheduler writes.
+      last_epoch: the index of the last step taken: `-1` (the default) starts
+        the schedule, writing each group's `lr` into `initial_lr` (unless a
+        scheduler did already); `>= 0` resumes it at `last_epoch + 1`, from the
+        `initial_lr` every group must already hold.
+
+    Attributes:
+      optimizer: the wrapped optimizer.
+      base_lrs: each group's `initial_lr` at construction: the schedules'
+        starting values.
+      last_epoch: the number of steps taken since the start (`t`); 0 right
+        after construction.
+
+    Raises:
+      TypeError: `optimizer` has no `param_groups`.
+      KeyError: `last_epoch >= 0` and a group holds no `initial_lr`.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> from lucid.optim.lr_scheduler import LRScheduler
+      >>> class Halving(LRScheduler):
+      ...     def get_lr(self):
+      ...         return [base * 0.5 ** self.last_epoch for base in self.base_lrs]
+      >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.zeros(1))], lr=1.0)
+      >>> sched = Halving(opt)
+      >>> for _ in range(2):
+      ...     opt.step()
+      ...     sched.step()
+      >>> sched.last_epoch, sched.get_last_lr(), opt.param_groups[0]["lr"]
+      (2, [0.25], 0.25)
+    """
 
     _get_lr_called_within_step: bool = False
     _is_initial: bool = False
@@ -140,17 +187,79 @@ class LRScheduler:
             self._is_initial = False
 
     def state_dict(self) -> dict[str, Any]:
-        """Every attribute but the optimizer (torch's format and keys)."""
+        """The scheduler's state, in torch's format (torch: `scheduler.state_dict()`).
+
+        Returns:
+          Every attribute but the optimizer, by torch's names (`last_epoch`,
+          `base_lrs`, `_last_lr`, `_step_count` and the class's own), as a
+          dict that `torch.save` and a torch scheduler's `load_state_dict`
+          take. A function a scheduler holds (`lr_lambda`, `scale_fn`) is
+          saved as torch saves it: `None` for a plain function, the `__dict__`
+          of a callable object.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.zeros(1))], lr=1.0)
+          >>> sched = lucid.optim.lr_scheduler.StepLR(opt, step_size=2)
+          >>> sd = sched.state_dict()
+          >>> sd["last_epoch"], sd["step_size"], sd["base_lrs"]
+          (0, 2, [1.0])
+        """
         return {key: value for key, value in self.__dict__.items() if key != "optimizer"}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the state [state_dict][lucid.optim.lr_scheduler.LRScheduler.state_dict]
+        saved (lucid's or torch's).
+
+        The optimizer's groups are not touched: load the optimizer's own
+        state_dict for its `lr`s. A scheduler holding functions must be
+        constructed with the same functions before it loads.
+
+        Args:
+          state_dict: a scheduler's `state_dict()` of the same class.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> from lucid.optim.lr_scheduler import StepLR
+          >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.zeros(1))], lr=1.0)
+          >>> sched = StepLR(opt, step_size=2)
+          >>> for _ in range(3):
+          ...     opt.step()
+          ...     sched.step()
+          >>> resumed = StepLR(opt, step_size=2)
+          >>> resumed.load_state_dict(sched.state_dict())
+          >>> resumed.last_epoch
+          3
+        """
         self.__dict__.update(state_dict)
 
     def get_last_lr(self) -> list[Any]:
-        """The learning rates the last step wrote, one per group."""
+        """The learning rates the last step wrote (torch: `scheduler.get_last_lr()`).
+
+        Returns:
+          One lr per parameter group, a list of Python floats.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.zeros(1))], lr=1.0)
+          >>> lucid.optim.lr_scheduler.ConstantLR(opt, factor=0.5).get_last_lr()
+          [0.5]
+        """
         return self._last_lr
 
     def get_lr(self) -> list[Any]:
+        """Each group's lr at the current `last_epoch` (what `step()` writes).
+
+        Subclasses write it (as in torch: the recursive schedules scale the
+        group's current `lr`). `step()` calls it; called directly it warns, as
+        torch's does: read `get_last_lr()` instead.
+
+        Returns:
+          One lr per parameter group.
+
+        Raises:
+          NotImplementedError: in this base class.
+        """
         raise NotImplementedError
 
     def _warn_if_called_directly(self) -> None:
@@ -163,8 +272,30 @@ class LRScheduler:
             )
 
     def step(self, epoch: int | None = None) -> None:
-        """Advance the schedule and write each group's ``lr`` (torch warns, as here, when
-        the first call comes before any ``optimizer.step()``)."""
+        """Advance the schedule one step and write each group's new `lr` (torch: `step()`).
+
+        Call it after `optimizer.step()`: torch warns, as here, when the first
+        call comes before any optimizer step (the schedule's first value
+        would be skipped).
+
+        Args:
+          epoch: deprecated in torch (it warns, as here): jump to step `epoch`
+            instead of the next one, using the class's closed form where it has
+            one. `None` (the default) takes the next step.
+
+        Warns:
+          UserWarning: the first call comes before `optimizer.step()`, or
+            `epoch` is given.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.zeros(1))], lr=1.0)
+          >>> sched = lucid.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5)
+          >>> opt.step()
+          >>> sched.step()
+          >>> opt.param_groups[0]["lr"]
+          0.5
+        """
         if self._step_count == 1 and not _has_stepped(self.optimizer):
             warnings.warn(ORDER_WARNING, UserWarning, stacklevel=2)
         self._step_count += 1

@@ -1,10 +1,10 @@
 """CosineAnnealingLR (recursive, as torch's step()) and CosineAnnealingWarmRestarts.
 
-The cosine itself is ``lucid.functional.schedules.cosine``'s formula; the
-recursive step below is torch's: ``lr_t - eta = (lr_{t-1} - eta) * bump(t) /
-bump(t-1)`` with ``bump(t) = (1 + cos(pi t / T)) / 2``, and, where
-``bump(t-1) = 0`` (``t = T + 1 mod 2T``), ``lr_t = lr_{t-1} + (base - eta)
-(1 - cos(pi / T)) / 2``.
+The cosine itself is `lucid.functional.schedules.cosine`'s formula; the
+recursive step below is torch's: `lr_t - eta = (lr_{t-1} - eta) * bump(t) /
+bump(t-1)` with `bump(t) = (1 + cos(pi t / T)) / 2`, and, where
+`bump(t-1) = 0` (`t = T + 1 mod 2T`), `lr_t = lr_{t-1} + (base - eta)
+(1 - cos(pi / T)) / 2`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,41 @@ from .base import LRScheduler
 
 
 class CosineAnnealingLR(LRScheduler):
-    """Cosine annealing from the base lr to ``eta_min`` over ``T_max`` steps, and back
-    (torch's recursive form: the lr keeps oscillating with period ``2 T_max``)."""
+    """Anneal the lr along a cosine to `eta_min` over `T_max` steps (torch's `CosineAnnealingLR`).
+
+    With $b$ a group's base lr, after $t$ steps
+
+    $$
+    \\eta_t = \\eta_{min} + (b - \\eta_{min}) \\, \\frac{1 + \\cos(\\pi t / T_{max})}{2},
+    $$
+
+    reached as torch's recursive `step()` does (each step scales the distance
+    of the current lr to $\\eta_{min}$, so other schedulers' changes carry
+    through). Past `T_max` the lr does not stay at `eta_min`: it rises back
+    along the same cosine, with period `2 T_max`, as torch's does (the SGDR
+    paper's restarts are
+    [CosineAnnealingWarmRestarts][lucid.optim.lr_scheduler.CosineAnnealingWarmRestarts]).
+
+    Args:
+      optimizer: the optimizer whose groups' `lr` it writes.
+      T_max: the number of steps $T_{max}$ of the descent to `eta_min`.
+      eta_min: the lowest lr $\\eta_{min}$.
+      last_epoch: the index of the last step taken; `-1` starts the schedule, `>= 0`
+        resumes it (see [LRScheduler][lucid.optim.lr_scheduler.LRScheduler]).
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> from lucid.optim.lr_scheduler import CosineAnnealingLR
+      >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.zeros(1))], lr=1.0)
+      >>> sched = CosineAnnealingLR(opt, T_max=4)
+      >>> lrs = [sched.get_last_lr()[0]]
+      >>> for _ in range(8):
+      ...     opt.step()
+      ...     sched.step()
+      ...     lrs.append(round(sched.get_last_lr()[0], 4))
+      >>> lrs
+      [1.0, 0.8536, 0.5, 0.1464, 0.0, 0.1464, 0.5, 0.8536, 1.0]
+    """
 
     def __init__(
         self, optimizer: Any, T_max: int, eta_min: float = 0.0, last_epoch: int = -1
@@ -53,7 +86,52 @@ class CosineAnnealingLR(LRScheduler):
 
 
 class CosineAnnealingWarmRestarts(LRScheduler):
-    """Cosine annealing restarted after ``T_0``, ``T_0 * T_mult``, ... steps (SGDR)."""
+    """Cosine annealing with warm restarts, SGDR (torch's `CosineAnnealingWarmRestarts`).
+
+    With $b$ a group's base lr, the lr anneals along a cosine from $b$ to
+    $\\eta_{min}$ over a period of $T_i$ steps, then restarts at $b$:
+
+    $$
+    \\eta = \\eta_{min} + (b - \\eta_{min}) \\, \\frac{1 + \\cos(\\pi T_{cur} / T_i)}{2},
+    $$
+
+    where $T_{cur}$ counts the steps since the last restart and the periods
+    are $T_0, T_0 T_{mult}, T_0 T_{mult}^2, \\dots$ A closed form: it
+    overwrites the lr at every step. Call `step()` once per batch with a
+    fractional epoch (`step(epoch + i / iters)`) to anneal within epochs, as
+    in torch.
+
+    Args:
+      optimizer: the optimizer whose groups' `lr` it writes.
+      T_0: the length $T_0$ of the first period, in steps (a positive int).
+      T_mult: the factor $T_{mult}$ by which each period is longer than the
+        previous one (an int $\\ge 1$).
+      eta_min: the lowest lr $\\eta_{min}$.
+      last_epoch: the index of the last step taken; `-1` starts the schedule, `>= 0`
+        resumes it (see [LRScheduler][lucid.optim.lr_scheduler.LRScheduler]).
+
+    Attributes:
+      T_cur: the steps since the last restart, $T_{cur}$ (fractional after
+        `step(epoch)` with a fractional epoch).
+      T_i: the length $T_i$ of the current period.
+
+    Raises:
+      ValueError: `T_0` not a positive int, `T_mult` not an int $\\ge 1$, or
+        `eta_min` not a number.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> from lucid.optim.lr_scheduler import CosineAnnealingWarmRestarts
+      >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.zeros(1))], lr=1.0)
+      >>> sched = CosineAnnealingWarmRestarts(opt, T_0=2, T_mult=2)
+      >>> lrs = [sched.get_last_lr()[0]]
+      >>> for _ in range(7):
+      ...     opt.step()
+      ...     sched.step()
+      ...     lrs.append(round(sched.get_last_lr()[0], 4))
+      >>> lrs
+      [1.0, 0.5, 1.0, 0.8536, 0.5, 0.1464, 1.0, 0.9619]
+    """
 
     def __init__(
         self,
@@ -79,8 +157,30 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         ]
 
     def step(self, epoch: Any = None) -> None:
-        """torch's bookkeeping of ``T_cur`` (steps into the period) and ``T_i`` (its length);
-        ``step(epoch)`` jumps there directly."""
+        """Advance one step, or jump to `epoch`, and write each group's lr.
+
+        Keeps torch's bookkeeping of `T_cur` (the steps into the current
+        period) and `T_i` (its length). Unlike the other schedulers',
+        `step(epoch)` is not deprecated here and does not warn: it is how the
+        schedule anneals within an epoch.
+
+        Args:
+          epoch: the (possibly fractional) epoch to jump to; `None` takes the
+            next step.
+
+        Raises:
+          ValueError: a negative `epoch`.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> from lucid.optim.lr_scheduler import CosineAnnealingWarmRestarts
+          >>> opt = lucid.optim.SGD([lucid.Parameter(jnp.zeros(1))], lr=1.0)
+          >>> sched = CosineAnnealingWarmRestarts(opt, T_0=2)
+          >>> opt.step()
+          >>> sched.step(0.5)  # half an epoch in
+          >>> sched.T_cur, round(sched.get_last_lr()[0], 4)
+          (0.5, 0.8536)
+        """
         if epoch is None and self.last_epoch < 0:
             epoch = 0
         if epoch is None:

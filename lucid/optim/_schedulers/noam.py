@@ -1,4 +1,4 @@
-"""NoamScheduler: the Transformer schedule (no torch counterpart; see DESIGN.md)."""
+"""NoamScheduler: the Transformer schedule (no torch counterpart)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,44 @@ from .base import LRScheduler
 
 
 class NoamScheduler(LRScheduler):
-    """``lr = factor * d_model**-0.5 * min(k**-0.5, k * warmup_steps**-1.5)``,
-    ``k = max(1, last_epoch)``, the same absolute value in every group (the
-    optimizer's lr is not a factor)."""
+    """The Transformer's warm-up and inverse-square-root decay (Vaswani et al., 2017).
+
+    No torch counterpart. After $t$ steps, with $k = \\max(1, t)$,
+    $w$ = `warmup_steps`, $d$ = `d_model` and $f$ = `factor`,
+
+    $$
+    \\eta_t = f \\, d^{-1/2} \\min\\left(k^{-1/2},\\; k \\, w^{-3/2}\\right):
+    $$
+
+    a linear rise for `warmup_steps` steps, then a decay as $1/\\sqrt{k}$.
+    The value is absolute: the optimizer's own lr is not a factor, and every
+    group gets the same lr. The functional form is
+    [noam][lucid.functional.schedules.noam].
+
+    Args:
+      optimizer: the optimizer whose groups' `lr` it writes.
+      d_model: the model width $d$ (positive).
+      warmup_steps: the length $w$ of the warm-up, in steps (positive).
+      factor: a constant factor $f$ on the whole schedule.
+      last_epoch: the index of the last step taken; `-1` starts the schedule, `>= 0`
+        resumes it (see [LRScheduler][lucid.optim.lr_scheduler.LRScheduler]).
+
+    Raises:
+      ValueError: `d_model` or `warmup_steps` not positive.
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> from lucid.optim.lr_scheduler import NoamScheduler
+      >>> opt = lucid.optim.Adam([lucid.Parameter(jnp.zeros(1))])
+      >>> sched = NoamScheduler(opt, d_model=16, warmup_steps=2)
+      >>> lrs = [round(sched.get_last_lr()[0], 4)]
+      >>> for _ in range(4):
+      ...     opt.step()
+      ...     sched.step()
+      ...     lrs.append(round(sched.get_last_lr()[0], 4))
+      >>> lrs  # the peak, 16**-0.5 * 2**-0.5, at step 2
+      [0.0884, 0.0884, 0.1768, 0.1443, 0.125]
+    """
 
     def __init__(
         self,
