@@ -1,7 +1,7 @@
 """The API reference is complete, and its docstrings are written in the site's markup.
 
 * every name in the public modules' ``__all__`` is rendered by a ``:::`` directive on a
-  page of ``docs/reference`` (itself, or as a member of a rendered module);
+  docs page (itself, or as a member of a rendered module; an optimizer on its own page);
 * every public function, class, method and property has a docstring of its own; every
   public function, class and method documents in a Google ``Args:`` section exactly the
   parameters of its signature, in any order (a NamedTuple or dataclass may list its
@@ -36,7 +36,7 @@ import pytest
 import lucid
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = ROOT / "docs" / "reference"
+DOCS = ROOT / "docs"
 
 MODULES = [
     "lucid",
@@ -144,6 +144,8 @@ def is_record(cls: type) -> bool:
 
 
 def parameter_names(obj: Any) -> list[str]:
+    if getattr(obj, "_is_protocol", False):  # a typing.Protocol is never constructed
+        return []
     names = []
     for parameter in inspect.signature(obj).parameters.values():
         if parameter.name in ("self", "cls"):
@@ -257,7 +259,7 @@ def directives() -> list[tuple[str, str, Any]]:
     """``(page, identifier, members option)`` for every ``:::`` directive; the option is
     None (not given), False, or the list of member names."""
     found = []
-    for page in sorted(REFERENCE.glob("*.md")):
+    for page in sorted(DOCS.rglob("*.md")):
         lines = page.read_text().splitlines()
         for i, line in enumerate(lines):
             if not line.startswith("::: "):
@@ -272,7 +274,7 @@ def directives() -> list[tuple[str, str, Any]]:
                 elif text.startswith("- ") and isinstance(members, list):
                     members.append(text[2:].strip())
                 j += 1
-            found.append((page.name, identifier, members))
+            found.append((str(page.relative_to(DOCS)), identifier, members))
     return found
 
 

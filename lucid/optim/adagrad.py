@@ -33,5 +33,13 @@ class Adagrad(Optimizer):
         self.backend.load(states)
 
     def state_options(self, group: dict[str, Any]) -> dict[str, Any]:
-        """torch starts every accumulator from the *constructor's* (``defaults``) value."""
+        """The options a parameter's state is made from: the group's, with the
+        *constructor's* `initial_accumulator_value` (torch ignores a group's own).
+
+        Args:
+          group: the parameter's group.
+
+        Returns:
+          The group's options with `defaults`' `initial_accumulator_value`.
+        """
         return {**group, "initial_accumulator_value": self.defaults["initial_accumulator_value"]}

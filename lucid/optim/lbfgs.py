@@ -228,7 +228,18 @@ class LBFGS(Optimizer):
 
     # ------------------------------------------------------------------ step
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Run L-BFGS iterations; ``closure`` is required. Returns its first loss."""
+        """Run up to `max_iter` L-BFGS iterations, as torch's `LBFGS.step`.
+
+        Args:
+          closure: clears the gradients, computes them (`lucid.backward`) and
+            returns the loss; called once per function evaluation.
+
+        Returns:
+          The loss of the first closure call, as torch returns it.
+
+        Raises:
+          ValueError: no closure, or hyper-parameters edited to invalid values.
+        """
         if closure is None:
             raise ValueError("LBFGS.step needs a closure that re-evaluates the loss")
         group = self.param_groups[0]
@@ -343,11 +354,32 @@ class LBFGS(Optimizer):
 
     # ------------------------------------------------------------ checkpoints
     def export_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Fresh lists of fresh arrays: the history must not share memory with a copy."""
+        """The state as `state_dict` shows it: fresh lists of fresh arrays, so the
+        history shares no memory with a copy.
+
+        Args:
+          state: the first parameter's state (counters, vectors, history lists).
+
+        Returns:
+          `{name: value}` with torch's names.
+        """
         return {k: _copy_arrays(v) if isinstance(v, list) else v for k, v in state.items()}
 
     def import_state(self, group: Mapping[str, Any], p: Any, saved: Any, key: Any) -> Any:
-        """torch's LBFGS state (on the first parameter): counters, vectors, history lists."""
+        """torch's LBFGS state (kept on the first parameter) from a state_dict entry.
+
+        Args:
+          group: the parameter's group, with the loaded options.
+          p: the parameter.
+          saved: its entry, counters, vectors and history lists under torch's names.
+          key: the entry's key in the state_dict (for error messages).
+
+        Returns:
+          The state, or `None` for an empty entry.
+
+        Raises:
+          ValueError: an unknown entry, or one that does not fit the parameters.
+        """
         if not isinstance(saved, Mapping):
             raise ValueError(f"state of parameter {key!r} must be a dict")
         known = set(_HISTORY + _VECTORS + _SCALARS + _COUNTERS)

@@ -41,7 +41,13 @@ class Muon(Optimizer):
                 )
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One update of every parameter with a gradient; returns ``closure()``'s loss.
+        """One update of every parameter with a gradient.
+
+        Args:
+          closure: optional; called first, its loss returned.
+
+        Returns:
+          `closure()`'s loss, or `None` without a closure.
 
         Raises:
           ValueError: a parameter with a gradient is not 2-D (torch's error).

@@ -37,5 +37,13 @@ class SparseAdam(Optimizer):
             )
 
     def export_state(self, state: Any) -> dict[str, Any]:
+        """The state with torch's names, `step` a Python int as torch keeps it.
+
+        Args:
+          state: the parameter's state.
+
+        Returns:
+          `{name: value}` with torch's names.
+        """
         shown = super().export_state(state)
         return {**shown, "step": int(shown["step"])} if "step" in shown else shown

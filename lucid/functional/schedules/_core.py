@@ -3,22 +3,41 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 
 from ._ops import ArrayOps, default_float_dtype
 
-Schedule = Callable[[Any], jax.Array]
-"""A learning-rate schedule: `schedule(count) -> lr`.
 
-`count` is the number of scheduler steps taken, a Python int or an integer
-array (traced or not); the result is a `jax.Array` of the count's shape: the
-lr (or momentum) after `count` steps, as torch's scheduler shows it. Pass one
-as `lr` (or another hyper-parameter that takes schedules) to a functional
-optimizer, which evaluates it at the number of updates done so far.
-"""
+class Schedule(Protocol):
+    """A learning-rate schedule: `schedule(count) -> lr`, any callable of that shape.
+
+    `count` is the number of scheduler steps taken, a Python int or an integer
+    array (traced or not); the result is a `jax.Array` of the count's shape: the
+    lr (or momentum) after `count` steps, as torch's scheduler shows it. Pass one
+    as `lr` (or another hyper-parameter that takes schedules) to a functional
+    optimizer, which evaluates it at the number of updates done so far.
+
+    Examples:
+      >>> import lucid.functional.schedules as S
+      >>> schedule: S.Schedule = S.step_lr(0.1, step_size=2)
+      >>> [round(float(schedule(t)), 4) for t in range(5)]
+      [0.1, 0.1, 0.01, 0.01, 0.001]
+    """
+
+    def __call__(self, count: Any) -> jax.Array:
+        """The value after `count` steps.
+
+        Args:
+          count: the number of scheduler steps taken (an int or integer array).
+
+        Returns:
+          The lr, a `jax.Array` of `count`'s shape.
+        """
+        ...
+
 
 Formula = Callable[[jax.Array, ArrayOps], Any]
 
