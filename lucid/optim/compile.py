@@ -215,40 +215,15 @@ class BarzilaiBorwein(Optimizer):
 
 
 def _supported() -> tuple[type, ...]:
-    from . import (
-        ASGD,
-        LBFGS,
-        SGD,
-        Adadelta,
-        Adafactor,
-        Adagrad,
-        Adam,
-        Adamax,
-        AdamW,
-        Muon,
-        NAdam,
-        RAdam,
-        RMSprop,
-        Rprop,
-        SparseAdam,
-    )
+    """lucid.optim's own optimizer classes: the ones built from a torch signature
+    (``@torch_optimizer``), not a subclass of one, which may change ``step``."""
+    from .. import optim
 
-    return (
-        SGD,
-        Adam,
-        AdamW,
-        RMSprop,
-        Adagrad,
-        Adadelta,
-        Adamax,
-        RAdam,
-        NAdam,
-        ASGD,
-        Rprop,
-        SparseAdam,
-        LBFGS,
-        Adafactor,
-        Muon,
+    classes = (getattr(optim, name) for name in optim.__all__)
+    return tuple(
+        cls
+        for cls in classes
+        if isinstance(cls, type) and cls.__dict__.get("torch_signature") is not None
     )
 
 
