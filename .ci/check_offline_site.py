@@ -16,8 +16,9 @@ that a browser fetches without being asked:
 * JavaScript, in .js files and inline ``<script>``: ``import(...)``,
   ``import ... from``, ``importScripts(...)`` of a URL literal.
 
-Hyperlinks a reader clicks are fine. Exits 1 listing ``file:line: what``,
-0 when the site loads nothing from elsewhere.
+Hyperlinks a reader clicks are fine. Exits 1 listing ``file:line: what``
+(or when SITE_DIR holds no HTML page), 0 when the site loads nothing from
+elsewhere.
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ def main(argv: list[str]) -> int:
         return 2
     site = Path(argv[0])
     files = sorted(p for p in site.rglob("*") if p.suffix in (".html", ".css", ".js"))
+    if not any(p.suffix == ".html" for p in files):
+        print(f"no HTML page under {site}: nothing was checked")  # a check that read nothing
+        return 1
     problems = [
         f"{path.relative_to(site)}:{line}: {what}"
         for path in files

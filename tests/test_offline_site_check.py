@@ -92,3 +92,10 @@ def test_passes_hyperlinks_and_local_files(tmp_path, capsys):
     site = _site(tmp_path, {"page/index.html": LOCAL, "assets/main.css": ".z { color: red }"})
     assert check.main([str(site)]) == 0
     assert "nothing loaded from another host" in capsys.readouterr().out
+
+
+def test_an_empty_site_fails(tmp_path, capsys):
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "main.css").write_text(".z { color: red }")
+    assert check.main([str(tmp_path)]) == 1
+    assert "nothing was checked" in capsys.readouterr().out
