@@ -68,11 +68,15 @@ def noam_class_curve(steps: int) -> np.ndarray:
             self.param_groups = [{"lr": BASE_LR}]
 
     optimizer = Groups()
-    scheduler = LL.NoamScheduler(optimizer, d_model=64, warmup_steps=15)
-    lrs = [optimizer.param_groups[0]["lr"]]
-    for _ in range(steps):
-        scheduler.step()
+    lrs = []
+    with warnings.catch_warnings():
+        # no optimizer steps here, so the scheduler warns as torch's would: expected
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler = LL.NoamScheduler(optimizer, d_model=64, warmup_steps=15)
         lrs.append(optimizer.param_groups[0]["lr"])
+        for _ in range(steps):
+            scheduler.step()
+            lrs.append(optimizer.param_groups[0]["lr"])
     return np.array(lrs)
 
 

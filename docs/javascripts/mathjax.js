@@ -1,14 +1,19 @@
-// MathJax 3 settings for pymdownx.arithmatex (generic mode): typeset only its output.
+// MathJax 3 settings, read by the bundled javascripts/mathjax/tex-svg-full.js that loads next.
+// Typeset pymdownx.arithmatex's output (generic mode: \( \) and \[ \]) and the Markdown cells of
+// the example notebooks (rendered by mkdocs-jupyter), which write math as Jupyter does, in $ $.
+// An element with any class is skipped with everything inside it, unless the class is one of
+// those two; an element without a class goes as its parent does, so the paragraphs and lists
+// of a notebook's Markdown cell are typeset and the rest of the page is not.
 window.MathJax = {
   tex: {
-    inlineMath: [["\\(", "\\)"]],
-    displayMath: [["\\[", "\\]"]],
+    inlineMath: [["\\(", "\\)"], ["$", "$"]],
+    displayMath: [["\\[", "\\]"], ["$$", "$$"]],
     processEscapes: true,
     processEnvironments: true,
   },
   options: {
-    ignoreHtmlClass: ".*|",
-    processHtmlClass: "arithmatex",
+    ignoreHtmlClass: ".+",
+    processHtmlClass: "arithmatex|jp-RenderedMarkdown",
   },
 };
 
@@ -16,7 +21,9 @@ window.MathJax = {
 if (typeof document$ !== "undefined") {
   document$.subscribe(() => {
     if (window.MathJax && MathJax.typesetPromise) {
-      MathJax.startup.output.clearCache();
+      const output = MathJax.startup.output;
+      if (output.clearCache) output.clearCache(); // CommonHTML output
+      if (output.clearFontCache) output.clearFontCache(); // SVG output
       MathJax.typesetClear();
       MathJax.texReset();
       MathJax.typesetPromise();
