@@ -20,6 +20,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import jax
+import pytest
+
+HOST_DEVICES = pytest.mark.usefixtures("one_host_devices_job_at_a_time")
+"""Marks a test that runs several host devices or processes in subprocesses: under
+``pytest -n`` such tests wait for each other (the fixture in conftest.py), so no two
+run at once. Two such jobs at once on a 2-core machine oversubscribe it many times
+over (8 device threads each, or two processes each); once, in CI, a collective of the
+two-process test failed inside gloo while the docs test's two-process program ran
+beside it."""
 
 
 def rendezvous_flags() -> list[str]:

@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from _distributed import free_port, rendezvous_flags, run_processes
+from _distributed import HOST_DEVICES, free_port, rendezvous_flags, run_processes
 
 HERE = Path(__file__).parent
+pytestmark = HOST_DEVICES
 TIMEOUT = 240  # seconds for a whole subprocess run: far above the ~10 s it takes
 
 

@@ -138,8 +138,11 @@ def _run_program(name: str, number: int, block: Block, count: int, cwd: Path) ->
 
 
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=_name)
-def test_page_runs_as_shown(page: Path, tmp_path: Path):
+def test_page_runs_as_shown(page: Path, tmp_path: Path, request: pytest.FixtureRequest):
     name = _name(page)
+    if name in HOST_DEVICES or any(map(_processes, python_blocks(page.read_text()))):
+        # several host devices or processes: one such job at a time (tests/_distributed.py)
+        request.getfixturevalue("one_host_devices_job_at_a_time")
     stdout = run_page(name, page.read_text(), tmp_path, HOST_DEVICES.get(name))
     if name in HOST_DEVICES:
         assert f"devices: {HOST_DEVICES[name]}" in stdout, stdout[-2000:]

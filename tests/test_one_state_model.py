@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from _distributed import HOST_DEVICES
 from oracle import count_compiles, loss_jax, problem, torch_default_dtype
 from test_shell import (
     _assert_params_close,
@@ -256,6 +257,7 @@ PLACEMENT_SCRIPT = textwrap.dedent(
 )
 
 
+@HOST_DEVICES
 def test_parameters_on_different_devices_run_in_every_mode(tmp_path):
     """Eager (one group over two devices), backward, compiled (one group, or one per
     device) and fused: every parameter stays on its device and the numbers equal a

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-from _distributed import rendezvous_flags
+from _distributed import HOST_DEVICES, rendezvous_flags
 
 SCRIPT = textwrap.dedent(
     """
@@ -87,6 +87,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@HOST_DEVICES
 def test_sharded_parameters_keep_their_sharding_and_their_numbers(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(SCRIPT)
