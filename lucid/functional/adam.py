@@ -117,6 +117,13 @@ ADAM = Rule(
 ADAMW = dataclasses.replace(ADAM, name="AdamW", validate=lambda o: validate_adam_family(o, "AdamW"))
 
 
+AMSGRAD = Arg(
+    "amsgrad",
+    False,
+    bool,
+    "AMSGrad: divide by the running maximum of v (kept as `max_exp_avg_sq`, before bias "
+    "correction) instead of by v.",
+)
 ADAM_SIGNATURE = Signature(
     "Adam",
     (
@@ -124,13 +131,7 @@ ADAM_SIGNATURE = Signature(
         betas(),
         eps(1e-8, "to √v after its bias correction"),
         weight_decay(0, decoupled=None),
-        Arg(
-            "amsgrad",
-            False,
-            bool,
-            "AMSGrad: divide by the running maximum of v (kept as "
-            "`max_exp_avg_sq`, before bias correction) instead of by v.",
-        ),
+        AMSGRAD,
         KEYWORD_ONLY,
         FOREACH,
         MAXIMIZE,
@@ -144,9 +145,11 @@ ADAM_SIGNATURE = Signature(
 ADAMW_SIGNATURE = Signature(
     "AdamW",
     (
-        *ADAM_SIGNATURE.args[:3],
+        lr(1e-3),
+        betas(),
+        eps(1e-8, "to √v after its bias correction"),
         weight_decay(1e-2, decoupled=True),
-        ADAM_SIGNATURE.args[4],
+        AMSGRAD,
         KEYWORD_ONLY,
         MAXIMIZE,
         FOREACH,
