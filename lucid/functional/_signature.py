@@ -3,9 +3,7 @@
 An optimizer exists in two forms, ``lucid.functional.adam(...)`` (an optax
 transform) and ``lucid.optim.Adam(params, ...)`` (torch's stateful class),
 with torch's keyword list, kinds and defaults. Both are derived from one
-[`Signature`][lucid.functional._signature.Signature]: its
-[`Arg`][lucid.functional._signature.Arg]s give each keyword's default, type and
-meaning; `bind` turns a call's arguments into the option dict the rule reads
+`Signature`: its `Arg`s give each keyword's default, type and meaning; `bind` turns a call's arguments into the option dict the rule reads
 (explicitly, through `inspect.Signature.bind`); `args_doc` writes the Google
 `Args:` entries of both docstrings; an `Example` written once is shown (and
 doctested) in both forms, printing the same numbers.
@@ -235,7 +233,7 @@ def transform_of(
     """The functional form: ``name(<torch's keywords>) -> optax.GradientTransformation``.
 
     Args:
-      rule: the [`Rule`][lucid.functional.Rule] the transform runs.
+      rule: the `Rule` the transform runs.
       signature: the optimizer's torch signature and argument docs.
       name: the function's name (``"adam"``).
       prose: the docstring's text before the generated sections (it may end

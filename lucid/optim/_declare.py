@@ -3,9 +3,9 @@
 ``@torch_optimizer(ADAM_SIGNATURE)`` on ``class Adam(Optimizer)`` gives the class
 ``__init__(self, params, <torch's keywords>)`` (its ``inspect.signature`` is torch's)
 and completes the class docstring with ``Args`` (``params``, then every keyword's
-meaning), ``Raises`` and the ``Examples`` of the signature: the same
-[`Signature`][lucid.functional._signature.Signature] the functional form is made
-from, so neither the keyword list nor its descriptions are written twice.
+meaning), ``Raises`` and the ``Examples`` of the signature: the same `Signature` the
+functional form is made from, so neither the keyword list nor its descriptions are
+written twice.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PARAMS_DOC = entry(
 def torch_optimizer(
     signature: Signature, *, step_example: bool = True
 ) -> Callable[[OptimizerType], OptimizerType]:
-    """Give an [`Optimizer`][lucid.optim.Optimizer] subclass torch's constructor.
+    """Give an `Optimizer` subclass torch's constructor.
 
     The constructor binds its arguments to ``signature`` (Python's ``TypeError``
     for a call that does not fit), passes the options to
