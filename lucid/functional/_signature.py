@@ -3,7 +3,8 @@
 An optimizer exists in two forms, ``lucid.functional.adam(...)`` (an optax
 transform) and ``lucid.optim.Adam(params, ...)`` (torch's stateful class),
 with torch's keyword list, kinds and defaults. Both are derived from one
-`Signature`: its `Arg`s give each keyword's default, type and meaning; `bind` turns a call's arguments into the option dict the rule reads
+`Signature`: its `Arg`s give each keyword's default, type and meaning; `bind`
+turns a call's arguments into the option dict the rule reads
 (explicitly, through `inspect.Signature.bind`); `args_doc` writes the Google
 `Args:` entries of both docstrings; an `Example` written once is shown (and
 doctested) in both forms, printing the same numbers.
@@ -22,6 +23,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import optax
+
+from ._rule import Rule, transform
 
 Options = dict[str, Any]
 
@@ -112,7 +115,6 @@ class Signature:
     """torch's constructor signature of one optimizer, and what each argument means.
 
     Attributes:
-      name: torch's class name (``"Adam"``).
       args: the keywords in torch's order, with ``KEYWORD_ONLY`` where torch
         puts ``*``.
       fixed: options the optimizer always sets and does not take (AdamW's
@@ -121,7 +123,6 @@ class Signature:
       example: the step both docstrings show.
     """
 
-    name: str
     args: tuple[Arg | _KeywordOnly, ...]
     example: Example
     fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -222,11 +223,10 @@ def docstring(prose: str, sections: Mapping[str, str]) -> str:
 
 
 def transform_of(
-    rule: Any,
+    rule: Rule,
     signature: Signature,
     name: str,
     prose: str,
-    state: str,
     *,
     raises: str = "",
 ) -> Callable[..., optax.GradientTransformation]:
@@ -238,7 +238,6 @@ def transform_of(
       name: the function's name (``"adam"``).
       prose: the docstring's text before the generated sections (it may end
         with an ``Examples:`` section of its own, shown after the generated one).
-      state: the transform's state type (``"AdamState"``).
       raises: ``Raises`` entries of this optimizer beyond every optimizer's (one
         Google entry, ``"IndexError: ..."``).
 
@@ -247,7 +246,6 @@ def transform_of(
       docstring holds Args, Returns, Raises and Examples from ``signature``
       (kept as its ``torch_signature``).
     """
-    from ._rule import transform
 
     def factory(*args: Any, **kwargs: Any) -> optax.GradientTransformation:
         return transform(rule, signature.bind(name, args, kwargs))
@@ -259,7 +257,8 @@ def transform_of(
         signature.parameters(), return_annotation=optax.GradientTransformation
     )
     returns = (
-        f"An `optax.GradientTransformation` whose state is an `{state}`, each field a "
+        f"An `optax.GradientTransformation` whose state is an `{rule.state.__name__}`, each "
+        "field a "
         "pytree shaped like the parameters (`None` for a field the options switch off)."
     )
     factory.__doc__ = docstring(

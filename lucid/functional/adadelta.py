@@ -102,7 +102,6 @@ ADADELTA = Rule(
 
 
 ADADELTA_SIGNATURE = Signature(
-    "Adadelta",
     (
         lr(1.0),
         Arg(
@@ -130,5 +129,4 @@ adadelta = transform_of(
     ADADELTA_SIGNATURE,
     "adadelta",
     "`torch.optim.Adadelta` as an optax transformation.",
-    "AdadeltaState",
 )

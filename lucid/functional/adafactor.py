@@ -192,7 +192,6 @@ ADAFACTOR = Rule(
 
 
 ADAFACTOR_SIGNATURE = Signature(
-    "Adafactor",
     (
         lr(
             1e-2,
@@ -236,5 +235,4 @@ adafactor = transform_of(
       >>> updates, state = tx.update(grads, state, params)
       >>> [round(x, 4) for x in optax.apply_updates(params, updates)["b"].tolist()]
       [0.99, 0.99, 0.99]""",
-    "AdafactorState",
 )

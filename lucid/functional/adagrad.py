@@ -128,7 +128,6 @@ ADAGRAD = Rule(
 
 
 ADAGRAD_SIGNATURE = Signature(
-    "Adagrad",
     (
         lr(1e-2),
         Arg("lr_decay", 0, Any, "η: the step size decays as `γ / (1 + (t - 1) η)`."),
@@ -154,5 +153,4 @@ adagrad = transform_of(
     ADAGRAD_SIGNATURE,
     "adagrad",
     "`torch.optim.Adagrad` as an optax transformation.",
-    "AdagradState",
 )

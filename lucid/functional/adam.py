@@ -125,7 +125,6 @@ AMSGRAD = Arg(
     "correction) instead of by v.",
 )
 ADAM_SIGNATURE = Signature(
-    "Adam",
     (
         lr(1e-3),
         betas(),
@@ -143,7 +142,6 @@ ADAM_SIGNATURE = Signature(
     Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)"),
 )
 ADAMW_SIGNATURE = Signature(
-    "AdamW",
     (
         lr(1e-3),
         betas(),
@@ -161,14 +159,11 @@ ADAMW_SIGNATURE = Signature(
     fixed={"decoupled_weight_decay": True},
 )
 
-adam = transform_of(
-    ADAM, ADAM_SIGNATURE, "adam", "`torch.optim.Adam` as an optax transformation.", "AdamState"
-)
+adam = transform_of(ADAM, ADAM_SIGNATURE, "adam", "`torch.optim.Adam` as an optax transformation.")
 adamw = transform_of(
     ADAMW,
     ADAMW_SIGNATURE,
     "adamw",
     "`torch.optim.AdamW` as an optax transformation: Adam with decoupled weight decay "
     "(default 1e-2).",
-    "AdamState",
 )

@@ -88,7 +88,6 @@ ADAMAX = Rule(
 
 
 ADAMAX_SIGNATURE = Signature(
-    "Adamax",
     (
         lr(2e-3),
         betas(
@@ -111,5 +110,4 @@ adamax = transform_of(
     ADAMAX_SIGNATURE,
     "adamax",
     "`torch.optim.Adamax` as an optax transformation.",
-    "AdamaxState",
 )

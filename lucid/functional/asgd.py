@@ -116,7 +116,6 @@ ASGD = Rule(
 
 
 ASGD_SIGNATURE = Signature(
-    "ASGD",
     (
         lr(1e-2),
         Arg(
@@ -149,5 +148,4 @@ asgd = transform_of(
     "asgd",
     "`torch.optim.ASGD` as an optax transformation (torch's signature has no "
     "keyword-only marker, and neither has this one).",
-    "ASGDState",
 )

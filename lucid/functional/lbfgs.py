@@ -119,7 +119,6 @@ def _default_max_eval(options: dict[str, Any]) -> dict[str, Any]:
 
 
 LBFGS_SIGNATURE = Signature(
-    "LBFGS",
     (
         lr(1, "γ, the step length before any line search"),
         Arg(
@@ -172,5 +171,4 @@ lbfgs = transform_of(
     "lbfgs",
     """`torch.optim.LBFGS`'s signature; the update is the per-element Barzilai-Borwein
     step above (the full algorithm, with a closure, is `lucid.optim.LBFGS`).""",
-    "LBFGSState",
 )

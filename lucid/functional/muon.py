@@ -206,7 +206,6 @@ def _with_ns_dtype(dtype: Any) -> Rule:
 
 
 MUON_SIGNATURE = Signature(
-    "Muon",
     (
         lr(1e-3, "γ, scaled per parameter by `adjust_lr_fn`"),
         weight_decay(0.1, decoupled=True),
@@ -242,7 +241,6 @@ muon = transform_of(
     MUON_SIGNATURE,
     "muon",
     "`torch.optim.Muon` as an optax transformation, for a pytree of 2-D parameters.",
-    "MuonState",
     raises="ValueError: also `ns_steps >= 100` or coefficients that are not three; `init` "
     "raises torch's error for a parameter that is not 2-D.",
 )

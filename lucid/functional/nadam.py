@@ -128,7 +128,6 @@ NADAM = Rule(
 
 
 NADAM_SIGNATURE = Signature(
-    "NAdam",
     (
         lr(2e-3),
         betas(),
@@ -151,5 +150,5 @@ NADAM_SIGNATURE = Signature(
 )
 
 nadam = transform_of(
-    NADAM, NADAM_SIGNATURE, "nadam", "`torch.optim.NAdam` as an optax transformation.", "NAdamState"
+    NADAM, NADAM_SIGNATURE, "nadam", "`torch.optim.NAdam` as an optax transformation."
 )

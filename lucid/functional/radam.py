@@ -149,7 +149,6 @@ RADAM = Rule(
 
 
 RADAM_SIGNATURE = Signature(
-    "RAdam",
     (
         lr(1e-3),
         betas(),
@@ -166,5 +165,5 @@ RADAM_SIGNATURE = Signature(
 )
 
 radam = transform_of(
-    RADAM, RADAM_SIGNATURE, "radam", "`torch.optim.RAdam` as an optax transformation.", "RAdamState"
+    RADAM, RADAM_SIGNATURE, "radam", "`torch.optim.RAdam` as an optax transformation."
 )

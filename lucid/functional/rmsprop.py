@@ -127,7 +127,6 @@ RMSPROP = Rule(
 
 
 RMSPROP_SIGNATURE = Signature(
-    "RMSprop",
     (
         lr(1e-2),
         Arg(
@@ -163,5 +162,4 @@ rmsprop = transform_of(
 
     A momentum given as an array or schedule always keeps a buffer (torch decides by
     `momentum > 0`, which a traced value cannot answer).""",
-    "RMSpropState",
 )

@@ -111,7 +111,6 @@ RPROP = Rule(
 
 
 RPROP_SIGNATURE = Signature(
-    "Rprop",
     (
         lr(1e-2, "γ, each element's first step size"),
         Arg(
@@ -134,5 +133,5 @@ RPROP_SIGNATURE = Signature(
 )
 
 rprop = transform_of(
-    RPROP, RPROP_SIGNATURE, "rprop", "`torch.optim.Rprop` as an optax transformation.", "RpropState"
+    RPROP, RPROP_SIGNATURE, "rprop", "`torch.optim.Rprop` as an optax transformation."
 )

@@ -141,7 +141,6 @@ SGD = Rule(
 
 
 SGD_SIGNATURE = Signature(
-    "SGD",
     (
         lr(1e-3),
         Arg(
@@ -178,5 +177,4 @@ sgd = transform_of(
 
     A momentum given as an array or schedule always keeps a buffer (torch decides by
     `momentum != 0`, which a traced value cannot answer).""",
-    "SGDState",
 )

@@ -246,7 +246,6 @@ SPARSE_ADAM = Rule(
 
 
 SPARSE_ADAM_SIGNATURE = Signature(
-    "SparseAdam",
     (
         lr(1e-3),
         betas(
@@ -269,6 +268,5 @@ sparse_adam = transform_of(
     Gradients may be dense arrays (present entries: the nonzeros) or
     `jax.experimental.sparse.BCOO` arrays (present entries: the stored indices), mixed
     freely within one gradient tree.""",
-    "SparseAdamState",
     raises="IndexError: a sparse gradient's index outside its parameter (torch's error).",
 )
