@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _docstrings import section_names, sections
 
 import lucid
 
@@ -50,26 +51,6 @@ MODULES = [
     "lucid.nn.utils",
 ]
 
-# Google section headers (griffe's), synonyms mapped to one name
-SECTIONS = {
-    "Args": "Args",
-    "Arguments": "Args",
-    "Parameters": "Args",
-    "Params": "Args",
-    "Attributes": "Attributes",
-    "Returns": "Returns",
-    "Return": "Returns",
-    "Yields": "Yields",
-    "Raises": "Raises",
-    "Warns": "Warns",
-    "Examples": "Examples",
-    "Example": "Examples",
-    "Note": "Notes",
-    "Notes": "Notes",
-    "Warning": "Warnings",
-    "Warnings": "Warnings",
-}
-ENTRY = re.compile(r"^(\*{0,2}[A-Za-z_]\w*)\s*(?:\([^)]*\))?\s*:")
 
 ROLE = re.compile(r"(?<![\w`]):[a-z]+(?::[a-z]+)?:`")
 RST = {
@@ -82,47 +63,6 @@ RST = {
 
 
 # --------------------------------------------------------------------- docstrings
-def sections(doc: str) -> dict[str, list[str]]:
-    """A cleaned docstring's Google sections: header -> the lines under it."""
-    out: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in doc.splitlines():
-        header = line.rstrip()
-        if header.endswith(":") and header[:-1] in SECTIONS:
-            current = out.setdefault(SECTIONS[header[:-1]], [])
-        elif current is not None:
-            if line and not line[0].isspace():
-                current = None  # back to prose
-            else:
-                current.append(line)
-    return out
-
-
-def entries(lines: list[str]) -> list[str]:
-    """The names of a section's entries (``name: text`` or ``name (type): text``), read
-    at the indentation of its first entry."""
-    body = [line for line in lines if line.strip()]
-    if not body:
-        return []
-    indent = len(body[0]) - len(body[0].lstrip())
-    names = []
-    for line in body:
-        if len(line) - len(line.lstrip()) == indent:
-            match = ENTRY.match(line.strip())
-            assert match, f"not a section entry: {line.strip()!r}"
-            names.append(match.group(1))
-    return names
-
-
-def section_names(doc: str, *headers: str) -> list[str] | None:
-    """The entry names of the first of ``headers`` present (None: none present)."""
-    found = sections(doc)
-    for header in headers:
-        if header in found:
-            return entries(found[header])
-    return None
-
-
 def generated_doc(obj: Any) -> bool:
     """The ``__doc__`` a NamedTuple or dataclass writes when it was given none."""
     doc = obj.__doc__ or ""

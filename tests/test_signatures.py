@@ -10,11 +10,11 @@ in the same words, in both docstrings).
 from __future__ import annotations
 
 import inspect
-import re
 
 import jax.numpy as jnp
 import pytest
 import torch
+from _docstrings import entry_texts, sections
 from oracle import assert_signature_is_torchs
 
 import lucid
@@ -50,18 +50,11 @@ def test_every_optimizer_of_torch_213_has_both_forms():
     assert set(FORMS) == expected
 
 
-def _section(doc: str, title: str) -> dict[str, str]:
-    """A Google section's entries, ``{name: description}`` (continuations joined)."""
-    body = re.search(rf"^{title}:\n((?:  .*\n?|\n)*)", doc, flags=re.M)
-    assert body, f"no {title}: section"
-    entries: dict[str, str] = {}
-    for line in body.group(1).splitlines():
-        if re.match(r"^  \S", line):
-            name, _, text = line.strip().partition(": ")
-            entries[name] = text
-        elif line.strip():
-            entries[name] += " " + line.strip()
-    return entries
+def _args(doc: str) -> dict[str, str]:
+    """A docstring's ``Args`` entries, ``{name: description}``."""
+    found = sections(doc)
+    assert "Args" in found, "no Args: section"
+    return entry_texts(found["Args"])
 
 
 def _param(shape: tuple[int, ...] = (2, 2)) -> tuple[lucid.Parameter, torch.Tensor]:
@@ -79,8 +72,8 @@ def test_both_forms_have_torchs_keywords_kinds_and_defaults(name):
 def test_every_keyword_is_described_in_the_same_words_in_both_docstrings(name):
     cls, factory = getattr(lucid.optim, name), getattr(LF, FORMS[name])
     keywords = list(inspect.signature(factory).parameters)
-    class_args = _section(inspect.getdoc(cls), "Args")
-    factory_args = _section(inspect.getdoc(factory), "Args")
+    class_args = _args(inspect.getdoc(cls))
+    factory_args = _args(inspect.getdoc(factory))
     assert list(class_args) == ["params", *keywords]
     assert list(factory_args) == keywords
     for keyword in keywords:
