@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pathlib
-import re
 
 import numpy as np
 import torch
-from _markdown import python_blocks
+from _markdown import fenced_blocks, python_blocks
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -19,8 +18,12 @@ def _block_with(text: str) -> str:
     return found[0]
 
 
+def _first_bash(path: pathlib.Path) -> str:
+    return next(b.source for b in fenced_blocks(path.read_text()) if b.language == "bash")
+
+
 def test_readme_opens_with_the_two_setup_commands():
-    first_block = re.search(r"```bash\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    first_block = _first_bash(README)
     commands = [line for line in first_block.splitlines() if line.strip()]
     assert len(commands) == 2
     assert "examples/train_mlp.py" in commands[0] and "pytest" in commands[1]
@@ -75,8 +78,4 @@ def test_readme_functional_example_gives_torchs_adamw_under_cosine_after_optax_c
 
 def test_the_docs_getting_started_page_shows_the_same_two_commands():
     docs = README.parent / "docs" / "getting-started.md"
-
-    def first_bash(path: pathlib.Path) -> str:
-        return re.search(r"```bash\n(.*?)```", path.read_text(), flags=re.S).group(1)
-
-    assert first_bash(docs) == first_bash(README)
+    assert _first_bash(docs) == _first_bash(README)
