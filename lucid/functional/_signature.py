@@ -16,6 +16,7 @@ shares its `_maximize_doc` and friends.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import re
 import textwrap
@@ -132,8 +133,9 @@ class Signature:
         """The arguments, in torch's order."""
         return [arg for arg in self.args if isinstance(arg, Arg)]
 
-    def parameters(self) -> list[inspect.Parameter]:
-        """The keywords as ``inspect.Parameter``s, of torch's kinds."""
+    @functools.cached_property
+    def parameters(self) -> tuple[inspect.Parameter, ...]:
+        """The keywords as ``inspect.Parameter``s, of torch's kinds (built once)."""
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         parameters = []
         for arg in self.args:
@@ -143,7 +145,11 @@ class Signature:
             parameters.append(
                 inspect.Parameter(arg.name, kind, default=arg.default, annotation=arg.annotation)
             )
-        return parameters
+        return tuple(parameters)
+
+    @functools.cached_property
+    def _binder(self) -> inspect.Signature:
+        return inspect.Signature(self.parameters)
 
     def bind(self, owner: str, args: tuple, kwargs: Mapping[str, Any]) -> Options:
         """The options a call gives: its arguments bound to torch's keywords, defaults
@@ -162,7 +168,7 @@ class Signature:
             (``Adam.__init__() got an unexpected keyword argument 'foo'``).
         """
         try:
-            bound = inspect.Signature(self.parameters()).bind(*args, **kwargs)
+            bound = self._binder.bind(*args, **kwargs)
         except TypeError as error:
             raise TypeError(f"{owner}() {error}") from None
         bound.apply_defaults()
@@ -254,7 +260,7 @@ def transform_of(
     factory.torch_signature = signature  # type: ignore[attr-defined]
     factory.__module__ = rule.update.__module__
     factory.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        signature.parameters(), return_annotation=optax.GradientTransformation
+        signature.parameters, return_annotation=optax.GradientTransformation
     )
     returns = (
         f"An `optax.GradientTransformation` whose state is an `{rule.state.__name__}`, each "

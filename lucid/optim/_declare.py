@@ -62,7 +62,7 @@ def torch_optimizer(
                 inspect.Parameter(
                     "params", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ParamsT
                 ),
-                *signature.parameters(),
+                *signature.parameters,
             ],
             return_annotation=None,
         )
