@@ -61,6 +61,14 @@ def jax_sync(outputs: Any) -> None:
     jax.block_until_ready(outputs)
 
 
+def parameter_buffers(params: Any) -> list[Any]:
+    """The arrays lucid Parameters live in now, each once: their own arrays, or the
+    flat buffers of a compiled optimizer (what to wait for after a step)."""
+    return list(
+        {id(storage): storage.buffer for storage, _ in (p.location for p in params)}.values()
+    )
+
+
 def torch_sync(device: str) -> Callable[[Any], None]:
     """A sync for torch on ``device``: ``torch.cuda.synchronize`` on CUDA, nothing on CPU."""
     import torch

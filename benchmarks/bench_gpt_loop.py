@@ -75,7 +75,7 @@ import optax
 import torch
 
 import lucid
-from benchmarks._timing import measure, measure_pipelined
+from benchmarks._timing import measure, measure_pipelined, parameter_buffers
 from benchmarks.bench_compiled import hardware
 from benchmarks.gpt_model import (
     SMALL,
@@ -239,8 +239,7 @@ def lucid_loop(s: Setup, mode: str) -> tuple[Step, Sync]:
     def sync(loss: Any) -> None:
         float(loss)
         # wherever the parameters live now (their own arrays or a compiled flat buffer)
-        buffers = {id(st): st.buffer for st, _ in (p.location for p in all_params)}
-        jax.block_until_ready(list(buffers.values()))
+        jax.block_until_ready(parameter_buffers(all_params))
 
     return step, sync
 

@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import lucid
 from benchmarks import shapes as shape_sets
-from benchmarks._timing import jax_sync, measure, measure_pipelined
+from benchmarks._timing import jax_sync, measure, measure_pipelined, parameter_buffers
 
 
 def gpt2_tiny() -> list[tuple[int, ...]]:
@@ -57,8 +57,7 @@ def run(shapes, devices, shard: bool, args) -> tuple[float, float, float, float]
 
     def step():
         opt.step()
-        storages = {id(s): s for s, _ in (p.location for p in params)}
-        return [s.buffer for s in storages.values()]
+        return parameter_buffers(params)
 
     timing = measure(step, jax_sync, warmup=args.warmup, repeats=args.repeats)
     pipelined = measure_pipelined(step, jax_sync, repeats=args.repeats)

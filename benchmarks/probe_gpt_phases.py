@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_model as G
+from _timing import parameter_buffers
 
 import lucid
 
@@ -42,8 +43,7 @@ def phases(mode: str, cfg: G.Config, iterations: int) -> dict[str, float]:
         lucid.compile_optimizer(opt)
 
     def sync(*extra):
-        buffers = {id(s): s.buffer for s, _ in (p.location for p in every)}
-        jax.block_until_ready([*buffers.values(), *extra])
+        jax.block_until_ready([*parameter_buffers(every), *extra])
 
     times: dict[str, list[float]] = {"zero_grad": [], "backward": [], "clip": [], "step": []}
     for i in range(iterations):
