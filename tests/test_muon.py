@@ -42,6 +42,7 @@ from oracle import (
     F64_RTOL,
     error_of,
     relative_error,
+    run_shell,
     to_numpy,
     torch_default_dtype,
 )
@@ -143,15 +144,7 @@ def _run_torch(options, dtype, steps=STEPS):
 
 
 def _run_shell(options, dtype, steps=STEPS, compile_at=None):
-    params = {k: lucid.Parameter(jnp.asarray(v, dtype)) for k, v in _problem().items()}
-    opt = lucid.optim.Muon(list(params.values()), **options)
-    for step in range(steps):
-        if step == compile_at:
-            lucid.compile_optimizer(opt)
-        opt.zero_grad()
-        lucid.backward(_loss_jax, params)
-        opt.step()
-    return {k: np.asarray(p.data) for k, p in params.items()}, opt
+    return run_shell(lucid.optim.Muon, options, _problem(), dtype, steps, _loss_jax, compile_at)
 
 
 def _run_functional(tx, dtype, steps=STEPS):
