@@ -1,8 +1,8 @@
 """Run by tests/test_distributed.py: ``worker ID PORT DIR`` is one of two processes
-joined with ``jax.distributed.initialize`` (2 CPU devices each, one mesh of 4
-across them); ``reference DIR`` is the same training on one device, checking the
-workers' results and their orbax checkpoint (read back as torch's format and
-loaded into torch.optim.AdamW).
+joined with ``jax.distributed.initialize`` (each with the host CPU devices its
+XLA_FLAGS give it, 2 or 1; one mesh across them); ``reference DIR`` is the same
+training on one device, checking the workers' results and their orbax checkpoint
+(read back as torch's format and loaded into torch.optim.AdamW).
 
 The run: 3 steps (backward + step, fused with a data-parallel loss, backward + step)
 with the state of replicated parameters sharded over the mesh (ZeRO-1) and one
@@ -63,7 +63,8 @@ def worker(process_id, port, directory):
     jax.distributed.initialize(
         f"127.0.0.1:{port}", num_processes=2, process_id=process_id, initialization_timeout=60
     )
-    assert jax.process_count() == 2 and len(jax.devices()) == 4, jax.devices()
+    local = jax.local_device_count()
+    assert jax.process_count() == 2 and len(jax.devices()) == 2 * local, jax.devices()
     mesh = Mesh(np.array(jax.devices()), ("data",))
 
     def global_array(value, spec):  # each process supplies its own devices' pieces
@@ -74,11 +75,11 @@ def worker(process_id, port, directory):
     x = global_array(X, ("data",))  # the batch, split over the devices of both processes
     opt = make_optimizer(params, shard_state_over="data")
     train(params, opt, x, range(3))
-    # the state lives in 4 pieces, 2 on each process: nothing is replicated
+    # the state lives in one piece per device, `local` on each process: nothing is replicated
     for array in opt.backend.state_arrays():
         if array.ndim:
-            assert len(array.addressable_shards) == 2
-            assert all(s.data.nbytes * 4 == array.nbytes for s in array.addressable_shards)
+            assert len(array.addressable_shards) == local
+            assert all(s.data.nbytes * 2 * local == array.nbytes for s in array.addressable_shards)
     checkpoint.save(os.path.join(directory, "checkpoint"), opt)
 
     # a new job: fresh Parameters and optimizer, the state restored shard by shard
