@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..functional._signature import Signature, docstring, entry
+from ._registry import register
 from .optimizer import Optimizer, ParamsT
 
 OptimizerType = TypeVar("OptimizerType", bound=type[Optimizer])
@@ -28,7 +29,7 @@ PARAMS_DOC = entry(
 
 
 def torch_optimizer(
-    signature: Signature, *, step_example: bool = True
+    signature: Signature, *, step_example: bool = True, reference: str = "torch.optim"
 ) -> Callable[[OptimizerType], OptimizerType]:
     """Give an `Optimizer` subclass torch's constructor.
 
@@ -43,6 +44,8 @@ def torch_optimizer(
       step_example: show the signature's one-step example (`opt.step()` after
         setting `w.grad`); `False` for an optimizer whose step needs more (LBFGS's
         closure), whose docstring then brings its own `Examples:`.
+      reference: the package whose signature and numbers the class reproduces
+        (`lucid.optim._registry.REFERENCES`); the class is recorded in the registry.
 
     Returns:
       A class decorator.
@@ -68,6 +71,7 @@ def torch_optimizer(
         )
         cls.__init__ = __init__
         cls.torch_signature = signature
+        register(cls, signature, reference)
         sections = {
             "Args": PARAMS_DOC + "\n" + signature.args_doc(),
             "Raises": signature.raises_doc(),

@@ -22,6 +22,7 @@ import jax
 from .._parameter import Parameter
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
 from ._compiled import CompiledBackend
+from ._registry import registered
 from .optimizer import Optimizer
 
 
@@ -215,16 +216,9 @@ class BarzilaiBorwein(Optimizer):
 
 
 def _supported() -> tuple[type, ...]:
-    """lucid.optim's own optimizer classes: the ones built from a torch signature
-    (``@torch_optimizer``), not a subclass of one, which may change ``step``."""
-    from .. import optim
-
-    classes = (getattr(optim, name) for name in optim.__all__)
-    return tuple(
-        cls
-        for cls in classes
-        if isinstance(cls, type) and cls.__dict__.get("torch_signature") is not None
-    )
+    """lucid's own optimizer classes (the registry's), not a subclass of one, which may
+    change ``step``."""
+    return tuple(entry.cls for entry in registered())
 
 
 _COMPILED: weakref.WeakKeyDictionary[Optimizer, CompiledOptimizer] = weakref.WeakKeyDictionary()
