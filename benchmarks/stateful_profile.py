@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, Phase, seed, settings  # noqa: E402
 from hypothesis.stateful import get_state_machine_test  # noqa: E402
 from test_stateful_torch import STATS, TorchParityMachine  # noqa: E402
 
-from lucid.optim._backend import _group_step  # noqa: E402
+from lucid.optim._engine import eager, programs  # noqa: E402
 
 
 def distinct_failures(error: BaseException) -> list[BaseException]:
@@ -90,7 +90,8 @@ def main() -> int:
         # every sequence compiles programs of its own; without this a long profile
         # grows jax's caches until compilation runs out of memory
         jax.clear_caches()
-        _group_step.cache_clear()
+        for cache in (eager.group_program, programs.step_program, programs.fused_program):
+            cache.cache_clear()
         gc.collect()
         elapsed = time.perf_counter() - start
         print(

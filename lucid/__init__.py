@@ -23,8 +23,8 @@ Examples:
 """
 
 from . import functional, nn, optim
+from ._backward import backward
 from ._parameter import Parameter
-from ._trace import backward
 from .optim import compile_optimizer, fused_step
 
 __all__ = ["Parameter", "backward", "compile_optimizer", "functional", "fused_step", "nn", "optim"]

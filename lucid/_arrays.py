@@ -84,3 +84,21 @@ def numpy_to_torch(array: Any) -> Any:
     if not isinstance(target, torch.dtype) or bits is None:
         raise TypeError(f"torch has no dtype for {array.dtype}") from None
     return torch.from_numpy(array.view(bits)).view(target)
+
+
+def device_domain(array: Any) -> frozenset[int] | None:
+    """The ids of the devices ``array`` is committed to (None: not committed, e.g. NumPy)."""
+    if not isinstance(array, jax.Array) or not getattr(array, "committed", True):
+        return None
+    return frozenset(d.id for d in array.sharding.device_set)
+
+
+def to_array(value: Any) -> Any:
+    """A checkpoint leaf as something jax/numpy can read (torch tensors through numpy,
+    bfloat16 and float8 included).
+
+    The copy matters: on the CPU a jax array made from a NumPy view can share
+    its memory, and torch may keep updating that tensor in place."""
+    if is_torch_tensor(value):
+        return torch_to_numpy(value)
+    return value

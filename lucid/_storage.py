@@ -14,28 +14,62 @@ The protocol has two halves. *Access*: ``value``, ``set_value``, ``grad``,
 whole-storage gradient work (clipping) in one call. *Tracing*, used by
 `lucid.backward` and fused steps to differentiate through stored
 parameters without copying them out: ``buffer`` (the array holding every value
-of the storage), ``layout`` (how the buffer holds them, hashable) and
+of the storage), ``layout`` (a `BufferLayout`: how the buffer holds them,
+hashable, able to cut it into per-parameter arrays and put them back) and
 ``add_grads`` (accumulate a gradient with respect to the whole buffer).
+A storage's layout is its own business: this module knows only the protocol.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import numpy as np
 
-from ._layout import Layout
-
 Array = jax.Array
+
+
+@runtime_checkable
+class BufferLayout(Protocol):
+    """How a storage's buffer holds its parameters' values.
+
+    Hashable (a trace over a storage depends on it); ``split`` and ``join`` are
+    traceable and inverse to each other."""
+
+    @property
+    def param_count(self) -> int:
+        """How many parameters the buffer holds."""
+
+    def split(self, buffer: Array) -> list[Array]:
+        """The buffer as its parameters' arrays, in index order."""
+
+    def join(self, arrays: Sequence[Array]) -> Array:
+        """Per-parameter arrays as one buffer (the inverse of ``split``)."""
+
+
+class Whole(NamedTuple):
+    """The layout of a buffer that is one parameter's own array, as it is."""
+
+    shape: tuple[int, ...]
+
+    @property
+    def param_count(self) -> int:
+        return 1
+
+    def split(self, buffer: Array) -> list[Array]:
+        return [buffer]
+
+    def join(self, arrays: Sequence[Array]) -> Array:
+        return arrays[0]
 
 
 @runtime_checkable
 class Storage(Protocol):
     """The place one or more Parameters' values and gradients live (see module docstring)."""
 
-    layout: Layout
+    layout: BufferLayout
 
     def value(self, index: int) -> Array: ...
     def set_value(self, index: int, value: Array) -> None: ...
@@ -80,9 +114,8 @@ class OwnArrays:
         self._grad = grad
 
     @property
-    def layout(self) -> Layout:
-        shape = tuple(self._value.shape)
-        return Layout(False, 1, (int(np.prod(shape)),), (shape,))
+    def layout(self) -> Whole:
+        return Whole(tuple(self._value.shape))
 
     def value(self, index: int) -> Array:
         return self._value

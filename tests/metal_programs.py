@@ -307,15 +307,18 @@ class Recorder:
             return _Recording(self, real_primitive(prim, **params), f"op-by-op {prim.name}")
 
         patch(dispatch, "xla_primitive_callable", primitive_callable)
-        from lucid.optim import _backend
+        from lucid.optim._engine import eager, programs
 
-        _backend._group_step.cache_clear()  # its jits were made before the patch
+        caches = (eager.group_program, programs.step_program, programs.fused_program)
+        for cache in caches:  # their jits were made before the patch
+            cache.cache_clear()
         try:
             yield self
         finally:
             for owner, name, value in reversed(patches):
                 setattr(owner, name, value)
-            _backend._group_step.cache_clear()
+            for cache in caches:
+                cache.cache_clear()
 
     @contextlib.contextmanager
     def watch(self) -> Iterator[None]:

@@ -14,7 +14,7 @@ from oracle import F64_RTOL, error_of, relative_error, to_numpy
 import lucid
 from lucid.functional import adafactor
 from lucid.functional.adafactor import ADAFACTOR
-from lucid.optim._compiled import CompiledBackend
+from lucid.optim._engine import CompiledBackend
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from oracle import (
 from test_shell import _assert_params_close, _assert_unchanged, _lucid_step, _snapshot
 
 import lucid
-from lucid.optim._compiled import CompiledBackend
+from lucid.optim._engine import CompiledBackend
 
 
 def _compare_states(ours: dict, theirs: dict, rtol: float) -> None:

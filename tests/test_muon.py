@@ -50,7 +50,7 @@ from oracle import (
 import lucid
 from lucid.functional._rule import transform
 from lucid.functional.muon import MUON, _with_ns_dtype, lr_ratio, muon, orthogonalize
-from lucid.optim._compiled import CompiledBackend
+from lucid.optim._engine import CompiledBackend
 
 STEPS = 20
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)

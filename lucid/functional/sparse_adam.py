@@ -270,3 +270,11 @@ sparse_adam = transform_of(
     freely within one gradient tree.""",
     raises="IndexError: a sparse gradient's index outside its parameter (torch's error).",
 )
+
+
+def dense(grad: Any) -> Any:
+    """A gradient as a dense array (a BCOO through `bcoo_to_dense`: one program, Metal-safe);
+    a dense gradient as it is."""
+    if hasattr(grad, "todense"):
+        return bcoo_to_dense(grad) if hasattr(grad, "indices") else grad.todense()
+    return grad

@@ -21,7 +21,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._layout import views_of
 from .._parameter import Parameter
 from .._storage import by_storage
 from ..functional import clipping
@@ -39,7 +38,7 @@ def _tensors(grads: list[Array], pieces: tuple) -> list[Array]:
             tensors.append(grad)
         else:
             layout, indices = piece
-            views = views_of(grad, layout)
+            views = layout.split(grad)
             tensors.extend(views[i] for i in indices)
     return tensors
 
@@ -92,8 +91,8 @@ class _Gradients:
             buffer = storage.grad_buffer(indices)
             if buffer is not None:
                 self.arrays.append(buffer)
-                flat = storage.layout.flat
-                pieces.append((storage.layout, tuple(sorted(indices))) if flat else None)
+                several = storage.layout.param_count > 1
+                pieces.append((storage.layout, tuple(sorted(indices))) if several else None)
                 self._writers.append(storage.set_grad_buffer)
                 continue
             for index in indices:

@@ -9,7 +9,7 @@ state with orbax.
 """
 
 from . import lr_scheduler, swa_utils
-from ._state import to_torch
+from ._torch_format import to_torch
 from .adadelta import Adadelta
 from .adafactor import Adafactor
 from .adagrad import Adagrad

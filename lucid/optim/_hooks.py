@@ -9,7 +9,6 @@ registration returns a handle whose `remove()` unregisters it.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
@@ -118,33 +117,33 @@ def register_optimizer_step_post_hook(hook: Callable) -> RemovableHandle:
     return register(GLOBAL_STEP_POST_HOOKS, hook)
 
 
-def hooked_step(step: Callable) -> Callable:
-    """`step` with torch's hook calls around it (see the module docstring)."""
-    if getattr(step, "hooked", False):
-        return step
-
-    @functools.wraps(step)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        self = args[0]  # as in torch, the hooks' args start with the optimizer
-        for pre_hook in itertools.chain(
-            list(GLOBAL_STEP_PRE_HOOKS.values()), list(self._step_pre_hooks.values())
-        ):
-            result = pre_hook(self, args, kwargs)
-            if result is not None:
-                if isinstance(result, tuple) and len(result) == 2:
-                    args, kwargs = result
-                else:
-                    raise RuntimeError(
-                        f"{step} must return None or a tuple of (new_args, new_kwargs), "
-                        f"but got {result}."
-                    )
-        out = step(*args, **kwargs)
-        self._opt_called = True  # read by the LR schedulers' order check
-        for post_hook in itertools.chain(
-            list(self._step_post_hooks.values()), list(GLOBAL_STEP_POST_HOOKS.values())
-        ):
-            post_hook(self, args, kwargs)
-        return out
-
-    wrapper.hooked = True  # type: ignore[attr-defined]
-    return wrapper
+def run_with_step_hooks(
+    step: Callable,
+    optimizer: Any,
+    args: tuple,
+    kwargs: dict,
+    pre_hooks: OrderedDict,
+    post_hooks: OrderedDict,
+    stepped: Callable[[], None],
+) -> Any:
+    """``step(*args, **kwargs)`` with torch's hook calls around it (see the module
+    docstring): ``args[0]`` is the optimizer, as the hooks see it; ``pre_hooks`` and
+    ``post_hooks`` are the optimizer's own registries; ``stepped()`` records the step
+    (for the LR schedulers' order check) before the post-hooks run."""
+    for pre_hook in itertools.chain(list(GLOBAL_STEP_PRE_HOOKS.values()), list(pre_hooks.values())):
+        result = pre_hook(optimizer, args, kwargs)
+        if result is not None:
+            if isinstance(result, tuple) and len(result) == 2:
+                args, kwargs = result
+            else:
+                raise RuntimeError(
+                    f"{step} must return None or a tuple of (new_args, new_kwargs), "
+                    f"but got {result}."
+                )
+    out = step(*args, **kwargs)
+    stepped()
+    for post_hook in itertools.chain(
+        list(post_hooks.values()), list(GLOBAL_STEP_POST_HOOKS.values())
+    ):
+        post_hook(optimizer, args, kwargs)
+    return out

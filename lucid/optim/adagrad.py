@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..functional.adagrad import ADAGRAD, ADAGRAD_SIGNATURE
-from ._backend import start_hyper
 from ._declare import torch_optimizer
-from ._state import begin
+from ._engine import begin, packed_hyper
 from .optimizer import Optimizer
 
 
@@ -26,10 +25,11 @@ class Adagrad(Optimizer):
         """As torch, every parameter's state exists from construction."""
         states = {}
         for group in self.param_groups:
-            start = start_hyper(self, group)
+            start = packed_hyper(self.rule, self.state_options(group))
             _, flags = self.rule.split(group)
             for p in group["params"]:
                 states[p] = begin(self.rule, flags, start, None, p.data)
+        assert self.backend is not None
         self.backend.load(states)
 
     def state_options(self, group: dict[str, Any]) -> dict[str, Any]:

@@ -1,27 +1,30 @@
 """`compile_optimizer` and `fused_step`: the whole step as one XLA executable.
 
-`compile_optimizer(opt)` hands `opt`'s steps and state to the compiled
-backend (`lucid.optim._compiled`) and returns a `CompiledOptimizer`, a thin
-handle with torch's optimizer API. The optimizer keeps its `param_groups`,
-API and numbers: compiling changes speed, never results. LBFGS is the one
-exception the contract names: its compiled step is a different algorithm (the
-closure-less Barzilai-Borwein step of `lucid.functional.lbfgs`), so it runs on
-a separate optimizer with its own state, sharing the L-BFGS's `param_groups`,
-and the L-BFGS stays eager.
-"""
+`compile_optimizer(opt)` hands `opt`'s steps and state to the compiled backend
+(`lucid.optim._engine.CompiledBackend`) and returns a `CompiledOptimizer`, a
+thin handle with torch's whole optimizer API, every call forwarded to the
+optimizer. The optimizer stays the one door: a compiled step is `opt.step()`
+(its hooks, its groups as they are then), and a `FusedStep` runs its executable
+through `Optimizer.run_as_step`. The optimizer keeps its `param_groups`, API
+and numbers: compiling changes speed, never results. LBFGS is the one exception
+the contract names: its compiled step is a different algorithm (the closure-
+less Barzilai-Borwein step of `lucid.functional.lbfgs`), so it runs on a
+separate optimizer with its own state, sharing the L-BFGS's `param_groups`, and
+the L-BFGS stays eager."""
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import optax
 
 from .._parameter import Parameter
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
-from ._compiled import CompiledBackend
+from ._engine import CompiledBackend
+from ._hooks import RemovableHandle
 from ._registry import registered
 from .optimizer import Optimizer
 
@@ -76,7 +79,12 @@ class CompiledOptimizer:
     ) -> None:
         self.optimizer = optimizer
         self.shard_state_over = shard_state_over
-        optimizer.use_backend(functools.partial(CompiledBackend, shard_state_over=shard_state_over))
+        if not isinstance(optimizer.backend, CompiledBackend):
+            rule = optimizer.rule
+            groups = [group["params"] for group in optimizer.param_groups]
+            optimizer.use_backend(
+                lambda states: CompiledBackend(rule, states, groups, shard_state_over)
+            )
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -157,6 +165,91 @@ class CompiledOptimizer:
         """
         self.optimizer.load_state_dict(state_dict)
 
+    @property
+    def has_stepped(self) -> bool:
+        """Whether the optimizer has stepped (read by the LR schedulers)."""
+        return self.optimizer.has_stepped
+
+    def register_step_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """Register a hook called before each step, compiled or fused
+        ([Optimizer.register_step_pre_hook][lucid.optim.Optimizer.register_step_pre_hook]).
+
+        Args:
+          hook: `hook(optimizer, args, kwargs) -> None | (new_args, new_kwargs)`.
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+        """
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Callable) -> RemovableHandle:
+        """Register a hook called after each step, compiled or fused
+        ([Optimizer.register_step_post_hook][lucid.optim.Optimizer.register_step_post_hook]).
+
+        Args:
+          hook: `hook(optimizer, args, kwargs) -> None`.
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+        """
+        return self.optimizer.register_step_post_hook(hook)
+
+    def register_state_dict_pre_hook(
+        self, hook: Callable, prepend: bool = False
+    ) -> RemovableHandle:
+        """Register a hook called before `state_dict` builds its result.
+
+        Args:
+          hook: `hook(optimizer) -> None`.
+          prepend: run it before the hooks already registered (else after).
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+        """
+        return self.optimizer.register_state_dict_pre_hook(hook, prepend)
+
+    def register_state_dict_post_hook(
+        self, hook: Callable, prepend: bool = False
+    ) -> RemovableHandle:
+        """Register a hook called on the result of `state_dict`.
+
+        Args:
+          hook: `hook(optimizer, state_dict) -> state_dict | None`.
+          prepend: run it before the hooks already registered (else after).
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+        """
+        return self.optimizer.register_state_dict_post_hook(hook, prepend)
+
+    def register_load_state_dict_pre_hook(
+        self, hook: Callable, prepend: bool = False
+    ) -> RemovableHandle:
+        """Register a hook called on what `load_state_dict` was given, before it loads.
+
+        Args:
+          hook: `hook(optimizer, state_dict) -> state_dict | None`.
+          prepend: run it before the hooks already registered (else after).
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+        """
+        return self.optimizer.register_load_state_dict_pre_hook(hook, prepend)
+
+    def register_load_state_dict_post_hook(
+        self, hook: Callable, prepend: bool = False
+    ) -> RemovableHandle:
+        """Register a hook called after `load_state_dict` has loaded.
+
+        Args:
+          hook: `hook(optimizer) -> None`.
+          prepend: run it before the hooks already registered (else after).
+
+        Returns:
+          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
+        """
+        return self.optimizer.register_load_state_dict_post_hook(hook, prepend)
+
     def state_bytes_per_device(self) -> dict[Any, int]:
         """Bytes of optimizer state each of this process's devices holds.
 
@@ -221,7 +314,16 @@ def _supported() -> tuple[type, ...]:
     return tuple(entry.cls for entry in registered())
 
 
-_COMPILED: weakref.WeakKeyDictionary[Optimizer, CompiledOptimizer] = weakref.WeakKeyDictionary()
+# optimizer -> its CompiledOptimizer, neither kept alive by the other's entry: the
+# wrapper refers to the optimizer, so the value is a weak reference too
+_COMPILED: weakref.WeakKeyDictionary[Optimizer, weakref.ref[CompiledOptimizer]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _compiled_form(optimizer: Optimizer) -> CompiledOptimizer | None:
+    found = _COMPILED.get(optimizer)
+    return None if found is None else found()
 
 
 def compile_optimizer(
@@ -280,8 +382,8 @@ def compile_optimizer(
             f"compile_optimizer supports lucid.optim's own classes ({names}); "
             f"got {type(optimizer).__module__}.{type(optimizer).__qualname__}"
         )
-    if optimizer in _COMPILED:
-        compiled = _COMPILED[optimizer]
+    compiled = _compiled_form(optimizer)
+    if compiled is not None:
         if shard_state_over != compiled.shard_state_over:
             raise ValueError(
                 f"this optimizer was compiled with shard_state_over="
@@ -289,11 +391,17 @@ def compile_optimizer(
                 f"{shard_state_over!r}"
             )
         return compiled
-    if not optimizer._params():
+    if not optimizer.parameters():
         raise ValueError("compile_optimizer: the optimizer has no parameters")
+    backend = optimizer.backend
+    if isinstance(backend, CompiledBackend) and shard_state_over != backend.shard_state_over:
+        raise ValueError(
+            f"this optimizer was compiled with shard_state_over={backend.shard_state_over!r}; "
+            f"it cannot be compiled again with {shard_state_over!r}"
+        )
     runner = BarzilaiBorwein(optimizer) if optimizer.rule is LBFGS_RULE else optimizer
     compiled = CompiledOptimizer(runner, shard_state_over)
-    _COMPILED[optimizer] = compiled
+    _COMPILED[optimizer] = weakref.ref(compiled)
     return compiled
 
 
@@ -316,8 +424,14 @@ class FusedStep:
     opt.step()
     ```
 
-    with two differences: a parameter the loss does not use gets a zero
-    gradient (an eager step would skip it), and `.grad` is left untouched.
+    and gives its numbers: the step's hooks run as around `opt.step()` (the
+    pre-hooks before the executable, the post-hooks after), the groups are read
+    as they are at the call (parameters appended, removed or replaced, groups
+    added or deleted: the next call follows, building a new executable once),
+    and a parameter of the optimizer that the loss does not take is skipped as
+    `backward` + `step` skip it (that call then runs as those three steps). One
+    difference: `.grad` is left untouched (the gradients live only inside the
+    executable), so a pre-hook reading `.grad` sees what was there before.
     The Parameters' `.data` are current after the call. Parameters in `tree`
     that the optimizer does not hold are constants.
 
@@ -326,10 +440,13 @@ class FusedStep:
       optimizer: one of lucid.optim's optimizers (compiled here, as by
         [compile_optimizer][lucid.compile_optimizer], unless it was compiled
         already) or a [CompiledOptimizer][lucid.optim.CompiledOptimizer].
-      grad_transform: an optax `GradientTransformation` applied to the list of
-        gradients before the update (e.g.
-        [clip_grad_norm][lucid.functional.clip_grad_norm], torch's clipping),
-        or `None`.
+      grad_transform: applied to the list of gradients (in the optimizer's
+        parameter order) before the update: an optax `GradientTransformation`
+        (e.g. [clip_grad_norm][lucid.functional.clip_grad_norm], torch's
+        clipping; its state is made for the current parameters and made again
+        when the optimizer's parameters change), a plain function
+        `grads -> grads` on that list, or `None`. It must return one gradient
+        per parameter, of its shape and dtype.
       shard_state_over: as for [compile_optimizer][lucid.compile_optimizer],
         when this call compiles the optimizer.
 
@@ -337,7 +454,8 @@ class FusedStep:
       loss_fn: the loss function.
       compiled: the [CompiledOptimizer][lucid.optim.CompiledOptimizer] whose
         steps this runs.
-      grad_transform: the optax transform applied to the gradients, or `None`.
+      grad_transform: the optax transform applied to the gradients (a plain
+        function is held as `optax.stateless` of it), or `None`.
       transform_state: the `grad_transform`'s state, carried from call to call
         (`None` without a transform).
 
@@ -362,20 +480,12 @@ class FusedStep:
         self.loss_fn = loss_fn
         if isinstance(optimizer, CompiledOptimizer):
             self.compiled = optimizer
-        elif shard_state_over is None and optimizer in _COMPILED:
-            self.compiled = _COMPILED[optimizer]  # compiled already, however it was
         else:
-            self.compiled = compile_optimizer(optimizer, shard_state_over=shard_state_over)
-        self.grad_transform = grad_transform
+            found = _compiled_form(optimizer) if shard_state_over is None else None
+            self.compiled = found or compile_optimizer(optimizer, shard_state_over=shard_state_over)
+        self.grad_transform = _as_transform(grad_transform)
         self.transform_state: Any = None
-        if grad_transform is not None:
-            params = self._backend().parameters()
-            self.transform_state = grad_transform.init([p.data for p in params])
-
-    def _backend(self) -> CompiledBackend:
-        backend = self.compiled.optimizer.backend
-        assert isinstance(backend, CompiledBackend)
-        return backend
+        self._transform_params: tuple[Parameter, ...] = ()
 
     def __call__(self, tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
         """One training step: the loss, its gradients, `grad_transform` and the update.
@@ -389,17 +499,54 @@ class FusedStep:
           The loss before the update, a 0-d `jax.Array`.
 
         Raises:
-          ValueError: a hyper-parameter edited into `param_groups` is invalid
-            (nothing has moved).
+          ValueError: a hyper-parameter edited into `param_groups` is invalid, or
+            `grad_transform` returned gradients of another structure (nothing has
+            moved).
         """
         optimizer = self.compiled.optimizer
-        for group in optimizer.param_groups:
-            optimizer.rule.check_step(group)
-        loss, self.transform_state = self._backend().fused(
-            self.loss_fn, tree, args, kwargs, self.grad_transform, self.transform_state
-        )
-        optimizer._opt_called = True  # a step, for the schedulers' order check
-        return loss
+        rule = optimizer.rule
+        assert rule is not None
+
+        # run_as_step: [Step 1] the pre-hooks, [Step 2] body: the groups as they are
+        # now, checked, then the one executable, [Step 3] the post-hooks
+        def body() -> jax.Array:
+            for group in optimizer.param_groups:
+                rule.check_step(group)
+            groups = optimizer.engine_groups()
+            self._follow_parameters(optimizer.parameters())
+            backend = optimizer.backend
+            assert isinstance(backend, CompiledBackend)
+            loss, self.transform_state = backend.fused(
+                groups,
+                self.loss_fn,
+                (tree, args, kwargs),
+                self.grad_transform,
+                self.transform_state,
+            )
+            return loss
+
+        return optimizer.run_as_step(body)
+
+    def _follow_parameters(self, params: list[Parameter]) -> None:
+        """(Re)make the transform's state for the optimizer's current parameters."""
+        if self.grad_transform is None or tuple(params) == self._transform_params:
+            return
+        self.transform_state = self.grad_transform.init([p.data for p in params])
+        self._transform_params = tuple(params)
+
+
+def _as_transform(grad_transform: Any) -> Any:
+    """An optax transform as it is, a plain function as a stateless transform of it."""
+    if grad_transform is None:
+        return None
+    if hasattr(grad_transform, "init") and hasattr(grad_transform, "update"):
+        return grad_transform
+    if callable(grad_transform):
+        return optax.stateless(lambda updates, params: grad_transform(updates))
+    raise TypeError(
+        "grad_transform must be an optax GradientTransformation, a function grads -> grads, "
+        f"or None; got {type(grad_transform).__name__}"
+    )
 
 
 def fused_step(

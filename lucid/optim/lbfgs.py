@@ -11,6 +11,7 @@ closure-less Barzilai-Borwein step of ``lucid.functional.lbfgs``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,14 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._layout import Layout, views_of
+from .._arrays import to_array
 from .._parameter import Parameter
 from ..functional._rule import host_float
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
 from ..functional.lbfgs import LBFGS_SIGNATURE
+from ..functional.sparse_adam import dense
 from ._declare import torch_optimizer
-from ._store import dense
-from .optimizer import Optimizer, to_array
+from .optimizer import Optimizer
 
 
 def _copy_arrays(values: list) -> list:
@@ -34,7 +35,18 @@ def _copy_arrays(values: list) -> list:
 
 Array = jax.Array
 
-_split = jax.jit(views_of, static_argnums=(1,))
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _split(flat: Array, shapes: tuple[tuple[int, ...], ...]) -> list[Array]:
+    """A flat vector cut into arrays of ``shapes``, in one compiled call."""
+    pieces, offset = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape))
+        pieces.append(flat[offset : offset + size].reshape(shape))
+        offset += size
+    return pieces
+
+
 _HISTORY = ("old_dirs", "old_stps", "ro", "al")
 _VECTORS = ("d", "prev_flat_grad")
 _SCALARS = ("t", "H_diag", "prev_loss")
@@ -177,6 +189,7 @@ class LBFGS(Optimizer):
     """
 
     rule = LBFGS_RULE
+    runs_rule = False  # its own step(closure); its state is `state`
 
     def constructed(self) -> None:
         """torch's LBFGS takes one parameter group."""
@@ -212,8 +225,8 @@ class LBFGS(Optimizer):
         # cut in one compiled call: op by op, jax slices with index operands, int64
         # ones under x64, which Apple GPUs' programs avoid (docs/backends.md)
         params = self._group_params
-        layout = Layout(True, 1, tuple(p.size for p in params), tuple(p.shape for p in params))
-        for p, piece in zip(params, _split(update, layout)):
+        shapes = tuple(tuple(p.shape) for p in params)
+        for p, piece in zip(params, _split(update, shapes)):
             p.data = p.data + step_size * piece
 
     def _directional_evaluate(
@@ -249,7 +262,7 @@ class LBFGS(Optimizer):
         tolerance_grad, tolerance_change = group["tolerance_grad"], group["tolerance_change"]
         line_search_fn, history_size = group["line_search_fn"], group["history_size"]
 
-        state = self.backend.states().setdefault(self._group_params[0], {})
+        state = self.state[self._group_params[0]]
         state.setdefault("func_evals", 0)
         state.setdefault("n_iter", 0)
 

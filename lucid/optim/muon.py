@@ -33,7 +33,7 @@ class Muon(Optimizer):
 
     def constructed(self) -> None:
         """torch refuses a parameter that is not 2-D at construction."""
-        for p in self._params():
+        for p in self.parameters():
             if len(p.shape) != 2:
                 raise ValueError(
                     "Muon only supports 2D parameters whereas we found a parameter with size: "
@@ -53,7 +53,7 @@ class Muon(Optimizer):
           ValueError: a parameter with a gradient is not 2-D (torch's error).
         """
         loss = closure() if closure is not None else None
-        for p in self._params():
+        for p in self.parameters():
             if p.grad is not None and len(p.shape) != 2:
                 raise ValueError("Param gradient must be a 2D matrix")
         super().step()

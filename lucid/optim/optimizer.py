@@ -1,15 +1,20 @@
 """`Optimizer`: torch.optim's stateful API over a functional `lucid.functional.Rule`.
 
-The optimizer owns `param_groups` and the API; running a step and keeping
-the per-parameter state is its *backend*'s job (`lucid.optim._backend`):
-eager by default, compiled after `lucid.optim.compile_optimizer`. Editing
-`param_groups[i]['lr']` (or any float hyper-parameter) changes the next
-step's inputs, never the compiled program.
+The optimizer owns `param_groups`, the hooks and the API; running a step
+and keeping the per-parameter state is its *backend*'s job (the engine,
+`lucid.optim._engine`): eager by default, compiled after
+`lucid.optim.compile_optimizer`. The optimizer is the one door into a step:
+every step, compiled and fused ones included, goes through `run_as_step`
+(hooks around it) and hands the backend the groups as they are then
+(`lucid.optim._engine.Group`), so every edit of `param_groups` reaches it.
+An optimizer that writes its own `step` (your subclass, LBFGS) keeps its
+state in `state`, a `defaultdict(dict)`, as torch's does.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
@@ -18,19 +23,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._arrays import to_array
 from .._parameter import Parameter
 from .._storage import by_storage
-from ..functional._rule import Rule
+from ..functional._rule import Rule, hyper_values
 from ..functional._signature import Signature
-from ._backend import Backend, EagerBackend
+from ._engine import Backend, EagerBackend, Group, Hyper, export, load_entry
 from ._hooks import (
     RemovableHandle,
-    hooked_step,
     register,
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
+    run_with_step_hooks,
 )
-from ._state import copy_arrays, export, load_entry, to_array
+from ._torch_format import copy_arrays
 
 ParamsT = Iterable[Parameter] | Iterable[dict[str, Any]]
 
@@ -109,6 +115,9 @@ class Optimizer:
     """
 
     rule: ClassVar[Rule | None] = None  # None: an optimizer with its own step
+    # False for a class that has a rule (its options, its compiled form) but writes its
+    # own step and keeps its own state (LBFGS)
+    runs_rule: ClassVar[bool] = True
     torch_signature: ClassVar[Signature | None] = None  # set by @torch_optimizer
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
@@ -126,10 +135,12 @@ class Optimizer:
         self._state_dict_post_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._load_state_dict_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._load_state_dict_post_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._has_stepped = False
         cls = type(self)
-        cls.step = hooked_step(cls.step)  # type: ignore[method-assign]  # torch patches too
-        self._backend: Backend = (
-            EagerBackend(self) if self.rule is not None else EagerBackend(self, defaultdict(dict))
+        cls.step = _hooked(cls.step)  # type: ignore[method-assign]  # torch patches too
+        self._own_state: defaultdict[Parameter, dict[str, Any]] = defaultdict(dict)
+        self._backend: Backend | None = (
+            EagerBackend(self.rule) if self.rule is not None and self.runs_rule else None
         )
         groups = list(params)
         if not groups:
@@ -141,24 +152,89 @@ class Optimizer:
 
     # --------------------------------------------------------------- backend
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> Backend | None:
         """What runs the steps and keeps the per-parameter state: the eager backend
-        (one jitted call per group and device), or the compiled one after
-        [compile_optimizer][lucid.compile_optimizer]."""
+        (one jitted call per group and device), the compiled one after
+        [compile_optimizer][lucid.compile_optimizer], or `None` for an optimizer
+        that writes its own step (its state is `state`)."""
         return self._backend
 
-    def use_backend(self, make: Callable[[Optimizer, dict[Parameter, Any]], Backend]) -> None:
+    def use_backend(self, make: Callable[[dict[Parameter, Any]], Backend]) -> None:
         """Hand the steps and the state to a new backend.
 
         [compile_optimizer][lucid.compile_optimizer] calls this; a training
         loop does not.
 
         Args:
-          make: `make(optimizer, states) -> backend`, called with this optimizer
-            and the current backend's states (`{Parameter: state}`), which the
-            new backend adopts.
+          make: `make(states) -> backend`, called with the current backend's
+            states (`{Parameter: state}`), which the new backend adopts.
+
+        Raises:
+          TypeError: this optimizer writes its own step (it has no backend).
         """
-        self._backend = make(self, self._backend.states())
+        if self._backend is None:
+            raise TypeError(f"{type(self).__name__} writes its own step: it has no backend")
+        self._backend = make(self._backend.states())
+
+    def engine_groups(self) -> list[Group]:
+        """The groups as the engine reads them for one step: each group's parameters,
+        options, hyper-parameters (read once) and the options a new state starts from.
+
+        Returns:
+          One [Group][lucid.optim._engine.Group] per parameter group, in order.
+        """
+        rule = self.rule
+        assert rule is not None
+        return [
+            Group(
+                group["params"], group, Hyper(*hyper_values(rule, group)), self.state_options(group)
+            )
+            for group in self.param_groups
+        ]
+
+    @property
+    def has_stepped(self) -> bool:
+        """Whether a step (eager, compiled or fused) has run; the LR schedulers read it
+        for torch's step-order warning (torch: `optimizer._opt_called`)."""
+        return self._has_stepped
+
+    def run_as_step(
+        self, body: Callable[[], Any], args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        """Run `body` as one step of this optimizer: the global and the optimizer's step
+        pre-hooks before it, the post-hooks after, as around `step()`.
+
+        [FusedStep][lucid.optim.FusedStep] runs its fused executable this way, so
+        a fused step runs the hooks a `backward` + `step` would.
+
+        Args:
+          body: the step, `body() -> result`.
+          args: the step's positional arguments as the hooks see them (after the
+            optimizer, which comes first).
+          kwargs: the step's keyword arguments as the hooks see them.
+
+        Returns:
+          What `body()` returned.
+
+        Raises:
+          RuntimeError: a pre-hook returned something other than `None` or a pair.
+        """
+
+        def call(optimizer: Optimizer, *_: Any, **__: Any) -> Any:
+            return body()
+
+        return run_with_step_hooks(
+            call,
+            self,
+            (self, *args),
+            dict(kwargs or {}),
+            self._step_pre_hooks,
+            self._step_post_hooks,
+            self._mark_stepped,
+        )
+
+    def _mark_stepped(self) -> None:
+        self._has_stepped = True
 
     def state_options(self, group: dict[str, Any]) -> dict[str, Any]:
         """The options a parameter's new state is made from.
@@ -249,29 +325,42 @@ class Optimizer:
         if names:
             group["param_names"] = names
         self._validate(group)
-        group["params"] = params
-        self.param_groups.append(group)
-        self._backend.groups_changed()
+        # torch keeps the caller's dict (later edits of it reach the steps), with the
+        # parameters as a list and the defaults it lacks
+        param_group["params"] = params
+        if names:
+            param_group["param_names"] = names
+        for name, default in self.defaults.items():
+            param_group.setdefault(name, default)
+        self.param_groups.append(param_group)
 
     @property
     def state(self) -> dict[Parameter, dict[str, Any]]:
         """Per-parameter state with torch's names: `{Parameter: {name: array}}`.
 
         For lucid's optimizers a snapshot of the parameters that have state
-        (assigning into it changes nothing; `load_state_dict` does); for your
-        own optimizer the live `defaultdict(dict)` your `step` writes, as in
-        torch."""
-        states = self._backend.states()
-        if self.rule is None:
-            return states
-        shown = {p: self.export_state(s) for p, s in states.items()}
+        (assigning into it changes nothing; `load_state_dict` does); for an
+        optimizer that writes its own step the live `defaultdict(dict)` its
+        `step` writes, as in torch."""
+        if self._backend is None:
+            return self._own_state
+        shown = {p: self.export_state(s) for p, s in self._backend.states().items()}
         return {p: s for p, s in shown.items() if s}
+
+    def _states(self) -> dict[Parameter, Any]:
+        """Every parameter's state as kept (the backend's, or the own-step dict)."""
+        return dict(self._own_state) if self._backend is None else self._backend.states()
 
     def _validate(self, options: Mapping[str, Any]) -> None:
         if self.rule is not None:
             self.rule.check(options)
 
-    def _params(self) -> list[Parameter]:
+    def parameters(self) -> list[Parameter]:
+        """Every parameter of every group, in the groups' order.
+
+        Returns:
+          A new list of the [Parameter][lucid.Parameter]s.
+        """
         return [p for group in self.param_groups for p in group["params"]]
 
     # ------------------------------------------------------------------- step
@@ -295,7 +384,7 @@ class Optimizer:
           >>> w.grad is None
           True
         """
-        for storage, indices in by_storage(p.location for p in self._params()):
+        for storage, indices in by_storage(p.location for p in self.parameters()):
             storage.clear_grads(indices, set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -332,12 +421,12 @@ class Optimizer:
           >>> w.data.tolist()
           [0.5, 1.5]
         """
-        if self.rule is None:
+        if self.rule is None or self._backend is None:
             raise NotImplementedError(f"{type(self).__name__} must implement step()")
         loss = closure() if closure is not None else None
         for group in self.param_groups:  # values edited by hand: checked before anything moves
             self.rule.check_step(group)
-        self._backend.step()
+        self._backend.step(self.engine_groups())
         return loss
 
     # ----------------------------------------------------------------- hooks
@@ -517,10 +606,16 @@ class Optimizer:
             packed["params"] = [index.setdefault(p, len(index)) for p in group["params"]]
             groups.append(packed)
         state = {}
-        for p, s in self._backend.states().items():
+        for p, s in self._states().items():
             shown = self.export_state(s)
-            if p in index and shown:
-                state[index[p]] = copy_arrays(shown)
+            if not shown:
+                continue
+            if p not in index:  # torch: the parameter's id is not in its param mappings
+                raise KeyError(
+                    f"state_dict: a parameter of shape {p.shape} has state but is in no "
+                    "parameter group (torch raises this KeyError too)"
+                )
+            state[index[p]] = copy_arrays(shown)
         state_dict = {"state": dict(sorted(state.items())), "param_groups": groups}
         for post_hook in list(self._state_dict_post_hooks.values()):
             result = post_hook(self, state_dict)
@@ -568,7 +663,11 @@ class Optimizer:
             group.clear()
             group.update(new)
         self.groups_loaded()
-        self._backend.load(states)
+        if self._backend is None:
+            self._own_state.clear()
+            self._own_state.update(states)
+        else:
+            self._backend.load(states)
         for post_hook in list(self._load_state_dict_post_hooks.values()):
             post_hook(self)
 
@@ -659,3 +758,24 @@ def _to_python(value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.shape == ():
         return value.item()
     return value
+
+
+def _hooked(step: Callable) -> Callable:
+    """``step`` with torch's hook calls around it (torch patches ``step`` so too)."""
+    if getattr(step, "hooked", False):
+        return step
+
+    @functools.wraps(step)
+    def wrapper(self: Optimizer, *args: Any, **kwargs: Any) -> Any:
+        return run_with_step_hooks(
+            step,
+            self,
+            (self, *args),
+            kwargs,
+            self._step_pre_hooks,
+            self._step_post_hooks,
+            self._mark_stepped,
+        )
+
+    wrapper.hooked = True  # type: ignore[attr-defined]
+    return wrapper

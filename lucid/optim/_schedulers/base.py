@@ -71,9 +71,8 @@ def per_group(name: str, optimizer: Any, value: Any) -> list[Any]:
 
 def _has_stepped(optimizer: Any) -> bool:
     """Whether `optimizer.step()` ran (lucid's optimizers record it, as torch's wrapped
-    step does; a CompiledOptimizer answers for the optimizer it runs)."""
-    inner = getattr(optimizer, "optimizer", None)
-    return bool(getattr(optimizer, "_opt_called", False) or getattr(inner, "_opt_called", False))
+    step records `_opt_called`; a CompiledOptimizer answers for the optimizer it runs)."""
+    return bool(getattr(optimizer, "has_stepped", False))
 
 
 def group_values(optimizer: Any, key: str) -> list[Any]:
@@ -175,10 +174,11 @@ class LRScheduler:
                     )
         self.base_lrs: list[Any] = group_values(optimizer, "initial_lr")
         self.last_epoch = last_epoch
-        self._initial_step()
+        self.initial_step()
 
-    def _initial_step(self) -> None:
-        """The step every constructor takes, in initial mode."""
+    def initial_step(self) -> None:
+        """Take the step every constructor takes (`last_epoch` -1 to 0), in initial
+        mode (torch: `_initial_step`); `SequentialLR` calls it on its first child."""
         self._step_count = 0
         self._is_initial = True
         try:
@@ -301,9 +301,16 @@ class LRScheduler:
         self._step_count += 1
         if epoch is not None:
             warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
-        self._update_lr(epoch)
+        self.update_lr(epoch)
 
-    def _update_lr(self, epoch: int | None = None) -> None:
+    def update_lr(self, epoch: int | None = None) -> None:
+        """Advance `last_epoch` (or set it to `epoch`) and write the new lrs, without
+        `step()`'s order checks and warnings (`SequentialLR` restarts a child so).
+
+        Args:
+          epoch: `None` for the next epoch (the chainable form), or the epoch to
+            jump to (the closed form where the scheduler has one).
+        """
         self._get_lr_called_within_step = True
         try:
             if epoch is None:

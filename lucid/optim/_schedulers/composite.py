@@ -121,7 +121,7 @@ class SequentialLR(_ChildrenState, LRScheduler):
             group["lr"] = group["initial_lr"]
         self.recursive_undo()
         first = self._schedulers[bisect_right(self._milestones, 0)]
-        first._initial_step()
+        first.initial_step()
         self._last_lr = first.get_last_lr()
 
     def recursive_undo(self, sched: Any = None) -> None:
@@ -160,7 +160,7 @@ class SequentialLR(_ChildrenState, LRScheduler):
         index = bisect_right(self._milestones, self.last_epoch)
         scheduler = self._schedulers[index]
         if index > 0 and self._milestones[index - 1] == self.last_epoch:
-            scheduler._update_lr(0)
+            scheduler.update_lr(0)
         else:
             scheduler.step()
         self._last_lr = scheduler.get_last_lr()

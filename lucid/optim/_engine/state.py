@@ -1,4 +1,4 @@
-"""The one state model, shared by the eager and the compiled step.
+"""The one state model, shared by the eager and the compiled backends.
 
 A parameter's optimizer state is its rule's state NamedTuple (``AdamState``...),
 whose fields are torch's state names plus, for a few rules, fields torch does
@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._arrays import is_torch_tensor, numpy_to_torch, torch_to_numpy
-from ..functional._rule import (
+from ..._arrays import to_array
+from ...functional._rule import (
     Rule,
     check_complex,
     compute_dtype,
@@ -141,60 +141,3 @@ def packed_hyper(rule: Rule, options: Mapping[str, Any]) -> dict[str, float]:
     """A group's packed hyper-parameters by name, as ``init`` takes them."""
     names, values, _ = hyper_values(rule, options)
     return dict(zip(names, values))
-
-
-def to_array(value: Any) -> Any:
-    """A checkpoint leaf as something jax/numpy can read (torch tensors through numpy,
-    bfloat16 and float8 included).
-
-    The copy matters: on the CPU a jax array made from a NumPy view can share
-    its memory, and torch may keep updating that tensor in place."""
-    if is_torch_tensor(value):
-        return torch_to_numpy(value)
-    return value
-
-
-def to_torch(state_dict: Any) -> Any:
-    """A state_dict with torch tensors for arrays: what torch saves, loads and takes.
-
-    Every jax or NumPy array becomes a CPU torch tensor of the same dtype
-    (bfloat16 and float8 included) and every NumPy scalar a Python number,
-    through any nesting of dicts, lists and tuples. The result is what
-    `torch.save` writes and `torch.load(..., weights_only=True)` reads back,
-    and what a torch optimizer's `load_state_dict` takes. (The other way
-    needs no conversion: lucid's `load_state_dict` reads torch tensors.)
-    Needs torch installed.
-
-    Args:
-      state_dict: a state_dict (an optimizer's or a scheduler's), or anything
-        nested of dicts, lists and tuples holding arrays.
-
-    Returns:
-      The same structure, arrays as torch tensors; other values unchanged.
-
-    Examples:
-      >>> import jax.numpy as jnp, lucid
-      >>> w = lucid.Parameter(jnp.zeros(2))
-      >>> opt = lucid.optim.Adam([w])
-      >>> w.grad = jnp.ones(2)
-      >>> opt.step()
-      >>> sd = lucid.optim.to_torch(opt.state_dict())
-      >>> type(sd["state"][0]["exp_avg"]).__name__, sd["state"][0]["step"].dtype
-      ('Tensor', torch.float32)
-      >>> type(sd["param_groups"][0]["lr"]).__name__
-      'float'
-    """
-    if isinstance(state_dict, jax.Array | np.ndarray):
-        return numpy_to_torch(state_dict)
-    if isinstance(state_dict, np.generic):
-        return state_dict.item()
-    if isinstance(state_dict, Mapping):
-        return {k: to_torch(v) for k, v in state_dict.items()}
-    if isinstance(state_dict, list | tuple):
-        return type(state_dict)(to_torch(v) for v in state_dict)
-    return state_dict
-
-
-def copy_arrays(state: Mapping[str, Any]) -> dict[str, Any]:
-    """Fresh copies of a state's arrays (a snapshot nothing later can change)."""
-    return {k: jnp.array(v, copy=True) if isinstance(v, jax.Array) else v for k, v in state.items()}

@@ -1,15 +1,15 @@
-"""Flat storage behind Parameter boxes, for the compiled step.
+"""Flat storage behind Parameter boxes, for the compiled backend.
 
-A `FlatStore` (a `lucid._storage.Storage`) holds the values of
-several Parameters of one dtype and one placement as a single buffer
-(``flat``): 1-D for parameters on one device or replicated, ``(rows,
-columns)`` for parameters sharded along their first axis, so each device holds
-the blocks it already had and nothing moves. A parameter with any other
-sharding keeps its own array, shape and sharding.
-It also holds their gradients the same way, so a compiled step reads and
-writes a handful of large buffers instead of thousands of small ones: per-array
-dispatch costs about 5 us in JAX, which for 2000 small tensors and 7 arrays each
-is more than the whole update.
+A `FlatStore` (a `lucid._storage.Storage`; its layout is a
+`lucid.optim._engine.layout.Layout`) holds the values of several Parameters of
+one dtype and one placement as a single buffer (``flat``): 1-D for parameters
+on one device or replicated, ``(rows, columns)`` for parameters sharded along
+their first axis, so each device holds the blocks it already had and nothing
+moves. A parameter with any other sharding keeps its own array, shape and
+sharding. It also holds their gradients the same way, so a compiled step reads
+and writes a handful of large buffers instead of thousands of small ones: per-
+array dispatch costs about 5 us in JAX, which for 2000 small tensors and 7
+arrays each is more than the whole update.
 
 Each Parameter keeps its identity: ``p.data`` and ``p.grad`` read a slice of
 the store (computed once per change and cached), and assigning them writes the
@@ -31,11 +31,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
-from .._layout import Layout, join_views, views_of
-from .._storage import check_grad
-from ..functional._rule import compute_dtype
+from ..._storage import check_grad
+from ...functional._rule import compute_dtype
+from ...functional.sparse_adam import dense
+from .layout import Layout, join_views, views_of
+from .sharding import shard_count
 
 Array = jax.Array
 
@@ -72,52 +73,6 @@ def _padded(length: int, dtype: Any, sharding: Any) -> Any:
     return jax.jit(pad, out_shardings=sharding)
 
 
-def dense(grad: Any) -> Any:
-    """A gradient as a dense array: a compiled SparseAdam sees a BCOO as its nonzeros."""
-    if hasattr(grad, "todense"):
-        from ..functional.sparse_adam import bcoo_to_dense  # one program, Metal-safe
-
-        return bcoo_to_dense(grad) if hasattr(grad, "indices") else grad.todense()
-    return grad
-
-
-def placement(array: Array) -> tuple[Any, int, Any]:
-    """Where ``array`` lives, as ``(key, rows, buffer sharding)``.
-
-    Arrays with equal keys can share a buffer: arrays on one device (``rows``
-    1, no sharding to impose); arrays replicated over the same devices; arrays
-    sharded along their first axis only, over the same mesh axes, with that
-    axis divisible by the number of shards (``rows``). Any other sharding gets
-    a key of its own (``None``): that parameter keeps its own arrays.
-    """
-    sharding = getattr(array, "sharding", None)
-    if sharding is None or len(sharding.device_set) == 1:
-        devices = None if sharding is None else tuple(sorted(d.id for d in sharding.device_set))
-        return ("device", devices), 1, None
-    if not isinstance(sharding, NamedSharding):
-        return None, 1, None
-    spec = tuple(sharding.spec) + (None,) * (array.ndim - len(sharding.spec))
-    if any(entry is not None for entry in spec[1:]):
-        return None, 1, None
-    mesh, first = sharding.mesh, spec[0] if spec else None
-    if first is None:
-        return ("replicated", mesh), 1, NamedSharding(mesh, PartitionSpec())
-    axes = first if isinstance(first, tuple) else (first,)
-    rows = int(np.prod([mesh.shape[a] for a in axes]))
-    if array.shape[0] % rows:
-        return None, 1, None
-    return ("rows", mesh, first), rows, NamedSharding(mesh, PartitionSpec(first, None))
-
-
-def _shard_count(sharding: Any) -> int:
-    """How many pieces ``sharding`` cuts a 1-D buffer into (1 for None)."""
-    if sharding is None:
-        return 1
-    first = sharding.spec[0]
-    axes = first if isinstance(first, tuple) else (first,)
-    return int(np.prod([sharding.mesh.shape[a] for a in axes]))
-
-
 class FlatStore:
     """Parameters' values and gradients in one buffer (see module docstring)."""
 
@@ -141,7 +96,7 @@ class FlatStore:
         # state buffers sharded over a mesh axis (ZeRO-1), padded to ``state_length``
         self.state_sharding = state_sharding if flat and rows == 1 else None
         total = sum(self.sizes)
-        shards = _shard_count(self.state_sharding)
+        shards = shard_count(self.state_sharding)
         self.state_length = -(-total // shards) * shards
         self.columns = tuple(size // rows for size in self.sizes)
         # int32 where it fits: a Python int is an int64 index under x64, which Apple

@@ -1,4 +1,4 @@
-"""Differentiating through Parameters, wherever they are stored: `backward`.
+"""`backward`: differentiating through Parameters, wherever they are stored.
 
 `partition` splits `(tree, args, kwargs)` into traced inputs (the buffer of
 every `lucid._storage.Storage` a Parameter lives in, and plain arrays) and a
@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._layout import join_views, views_of
+from ._arrays import device_domain
 from ._parameter import Parameter
 from ._storage import Storage
 
@@ -66,6 +66,12 @@ def partition(tree: Any, args: tuple, kwargs: dict) -> Traced:
     return Traced([s.buffer for s in storages], arrays, static, storages)
 
 
+def parameters_in(tree: Any) -> list[Parameter]:
+    """Every Parameter among ``tree``'s leaves, in order."""
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_parameter)
+    return [leaf for leaf in leaves if isinstance(leaf, Parameter)]
+
+
 def present_mask(static: tuple, position: int, size: int) -> np.ndarray:
     """Which of storage ``position``'s parameters appear in the call."""
     present = np.zeros(size, bool)
@@ -86,9 +92,9 @@ def _value_and_grads(
         tree, args, kwargs = rebuild_from_views(static, views, arrays)
         return loss_fn(tree, *args, **kwargs)
 
-    views = [views_of(buffer, layout) for buffer, layout in zip(buffers, layouts)]
+    views = [layout.split(buffer) for buffer, layout in zip(buffers, layouts)]
     loss, view_grads = jax.value_and_grad(loss_of)(views)
-    return loss, [join_views(g, layout) for g, layout in zip(view_grads, layouts)]
+    return loss, [layout.join(g) for g, layout in zip(view_grads, layouts)]
 
 
 def rebuild_from_views(static: tuple, views: list, arrays: list) -> tuple[Any, tuple, dict]:
@@ -108,13 +114,6 @@ def rebuild_from_views(static: tuple, views: list, arrays: list) -> tuple[Any, t
 
 
 _compiled_value_and_grads = jax.jit(_value_and_grads, static_argnums=(0, 1))
-
-
-def device_domain(array: Any) -> frozenset[int] | None:
-    """The ids of the devices ``array`` is committed to (None: not committed, e.g. NumPy)."""
-    if not isinstance(array, jax.Array) or not getattr(array, "committed", True):
-        return None
-    return frozenset(d.id for d in array.sharding.device_set)
 
 
 def value_and_grads(
@@ -198,6 +197,6 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
         raise ValueError("lucid.backward: the arguments hold no lucid.Parameter")
     loss, grads = value_and_grads(loss_fn, traced)
     for position, (storage, grad) in enumerate(zip(traced.storages, grads)):
-        size = len(storage.layout.sizes)
+        size = storage.layout.param_count
         storage.add_grads(grad, present_mask(traced.static, position, size))
     return loss

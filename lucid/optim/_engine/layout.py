@@ -1,7 +1,7 @@
-"""How a compiled optimizer's flat buffers hold its parameters.
+"""How the compiled backend's flat buffers hold their parameters.
 
-Shared by `lucid.optim._store` (which owns the buffers) and
-`lucid.backward` (which traces loss functions over their views).
+`Layout` implements `lucid._storage.BufferLayout`: `lucid.backward` cuts a
+store's buffer into views through it without knowing what it is.
 """
 
 from __future__ import annotations
@@ -28,6 +28,19 @@ class Layout(NamedTuple):
     rows: int
     sizes: tuple[int, ...]
     shapes: tuple[tuple[int, ...], ...]
+
+    @property
+    def param_count(self) -> int:
+        """How many parameters the buffer holds."""
+        return len(self.sizes)
+
+    def split(self, buffer: Array) -> list[Array]:
+        """`views_of` this layout."""
+        return views_of(buffer, self)
+
+    def join(self, arrays: Sequence[Array]) -> Array:
+        """`join_views` of this layout."""
+        return join_views(arrays, self)
 
 
 def views_of(buffer: Array, layout: Layout) -> list[Array]:

@@ -1,0 +1,157 @@
+"""The compiled backend's programs: the rule over buckets, as one jitted function.
+
+A program is made from hashable descriptions only (the rule, one `Plan` per
+bucket, the loss function and its call structure for a fused step), never
+from a backend, so identical structures share one program and its compiled
+executables across optimizers (a bounded cache), and nothing a program holds
+keeps an optimizer alive.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ...functional._rule import Rule, apply_leaf
+
+PROGRAMS_KEPT = 64  # distinct structures whose programs stay compiled
+
+
+class Plan(NamedTuple):
+    """What a program needs to know about one bucket (hashable: part of its key).
+
+    Attributes:
+      flags: the group's static options, sorted ``(name, value)`` pairs.
+      wide: the hyper-parameters come from the float64 vector.
+      start: the position of the bucket's first hyper-parameter in its vector.
+      names: the hyper-parameters' names, in vector order.
+      shard: for sharded state (ZeRO-1), ``(length, padded length, state
+        sharding, value sharding)``; else ``None``.
+    """
+
+    flags: tuple
+    wide: bool
+    start: int
+    names: tuple[str, ...]
+    shard: Any = None
+
+
+def _hyper_of(plan: Plan, hyper32: jax.Array, hyper64: Any) -> dict[str, jax.Array]:
+    vector = hyper64 if plan.wide else hyper32
+    return {name: vector[plan.start + i] for i, name in enumerate(plan.names)}
+
+
+def _apply_sharded(rule: Rule, plan: Plan, hyper: dict, value, grad, state):
+    """One bucket with sharded state (ZeRO-1): the replicated value and gradient are cut
+    to the state's pieces (padded as it is), each device updates its piece, and the new
+    value is gathered back to every device; the collectives are XLA's."""
+    length, padded, over, whole = plan.shard
+    constrain = jax.lax.with_sharding_constraint
+
+    def spread(x: jax.Array) -> jax.Array:
+        return constrain(jnp.pad(x, (0, padded - length)), over)
+
+    new_value, new_state = apply_leaf(
+        rule, dict(plan.flags), hyper, spread(value), spread(grad), state
+    )
+    new_state = jax.tree_util.tree_map(lambda s: constrain(s, over) if s.ndim else s, new_state)
+    return constrain(new_value, whole)[:length], new_state
+
+
+def apply_buckets(rule: Rule, plans: tuple, hyper32: Any, hyper64: Any, values, grads, states):
+    """The rule over every bucket (traced): new values and states."""
+    new_values, new_states = [], []
+    for plan, value, grad, state in zip(plans, values, grads, states):
+        hyper = _hyper_of(plan, hyper32, hyper64)
+        if plan.shard is not None:
+            new_value, new_state = _apply_sharded(rule, plan, hyper, value, grad, state)
+        else:
+            new_value, new_state = apply_leaf(rule, dict(plan.flags), hyper, value, grad, state)
+        new_values.append(new_value)
+        new_states.append(new_state)
+    return new_values, new_states
+
+
+def checked_gradients(transformed: Any, grads: list) -> list:
+    """``grad_transform``'s output, checked to be one gradient per parameter, each of its
+    gradient's shape and dtype.
+
+    Raises:
+      ValueError: anything else (a transform that drops or reshapes a gradient would
+        otherwise leave parameters updated with raw or mismatched gradients).
+    """
+    if not isinstance(transformed, list | tuple) or len(transformed) != len(grads):
+        got = len(transformed) if isinstance(transformed, list | tuple) else type(transformed)
+        raise ValueError(
+            f"grad_transform must return a list of {len(grads)} gradients (one per parameter, "
+            f"in the optimizer's order), but returned {got!r}"
+        )
+    for i, (new, old) in enumerate(zip(transformed, grads)):
+        if jnp.shape(new) != jnp.shape(old) or jnp.result_type(new) != jnp.result_type(old):
+            raise ValueError(
+                f"grad_transform returned a gradient of shape {jnp.shape(new)} and dtype "
+                f"{jnp.result_type(new)} for parameter {i}, whose gradient is "
+                f"{jnp.shape(old)} {jnp.result_type(old)}"
+            )
+    return list(transformed)
+
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def step_program(rule: Rule, plans: tuple[Plan, ...]) -> Callable:
+    """``(hyper32, hyper64, values, grads, states) -> (values, states)``, the values and
+    states donated (updated in place)."""
+
+    def step(hyper32, hyper64, values, grads, states):
+        return apply_buckets(rule, plans, hyper32, hyper64, values, grads, states)
+
+    return jax.jit(step, donate_argnums=(2, 4))
+
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def fused_program(
+    rule: Rule, loss_fn: Callable, grad_transform: Any, structure: tuple, plans: tuple
+) -> Callable:
+    """Forward, backward, ``grad_transform`` and update of every bucket in one program.
+
+    ``structure`` is ``(static, sources, layouts, order)``: the call's static part
+    (`lucid._backward.partition`), where each storage of the call comes from (a
+    bucket, or a constant), the buckets' layouts, and each parameter's
+    ``(bucket, index)`` in the optimizer's order (for ``grad_transform``)."""
+    from ..._backward import rebuild_from_views
+
+    static, sources, layouts, order = structure
+    const_layouts = [static[3][i] for i, source in enumerate(sources) if source[0] == "const"]
+
+    def fused(hyper32, hyper64, values, states, consts, arrays, transform_state):
+        const_views = [layout.split(c) for c, layout in zip(consts, const_layouts)]
+
+        def loss_of(bucket_views):
+            const_it = iter(const_views)
+            views = [
+                bucket_views[source[1]] if source[0] == "bucket" else next(const_it)
+                for source in sources
+            ]
+            tree, args, kwargs = rebuild_from_views(static, views, arrays)
+            return loss_fn(tree, *args, **kwargs)
+
+        bucket_views = [layout.split(buffer) for buffer, layout in zip(values, layouts)]
+        loss, view_grads = jax.value_and_grad(loss_of)(bucket_views)
+        if grad_transform is not None:  # on per-parameter gradients, the optimizer's order
+            grads_list = [view_grads[b][i] for b, i in order]
+            params_list = [bucket_views[b][i] for b, i in order]
+            new_list, transform_state = grad_transform.update(
+                grads_list, transform_state, params_list
+            )
+            grads_list = checked_gradients(new_list, grads_list)
+            view_grads = [list(views) for views in view_grads]
+            for (b, i), grad in zip(order, grads_list):
+                view_grads[b][i] = grad
+        grads = [layout.join(g) for g, layout in zip(view_grads, layouts)]
+        new_values, new_states = apply_buckets(rule, plans, hyper32, hyper64, values, grads, states)
+        return loss, new_values, new_states, transform_state
+
+    return jax.jit(fused, donate_argnums=(2, 3))
