@@ -20,6 +20,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax
 
 import lucid
+from lucid.optim._engine import programs
 from benchmarks import shapes as shape_sets
 
 
@@ -64,10 +65,10 @@ def probe(name: str, hlo_dir: str) -> None:
     step_pipe = timed(lambda: (opt.step(), bucket.store.values)[1], sync=False)
     start = time.perf_counter()
     for _ in range(200):
-        groups = compiled._group_hyper(compiled._buckets)
+        groups = opt.engine_groups()
         plans, h32, h64 = compiled._hyper(compiled._buckets, bucket.domain, groups)
     host_us = 1e6 * (time.perf_counter() - start) / 200
-    run = next(fn for key, fn in compiled._executables.items() if key[1] == plans)
+    run = programs.step_program(opt.rule, plans)
     box = {}
 
     def direct():

@@ -424,7 +424,7 @@ def _torch_adam(dtype):
 
 def _state_bits(sd):
     return {
-        i: {k: np.asarray(lucid.optim._state.to_array(v)).astype(np.float64) for k, v in s.items()}
+        i: {k: np.asarray(lucid._arrays.to_array(v)).astype(np.float64) for k, v in s.items()}
         for i, s in sd["state"].items()
     }
 
@@ -490,7 +490,7 @@ def test_every_float_dtype_torch_and_jax_share_converts_exactly(dtype):
     if not hasattr(jnp, dtype) or not hasattr(torch, dtype):
         pytest.skip(f"{dtype} is not in both libraries here")
     t = torch.tensor([0.5, -1.0, 2.0, 0.0]).to(getattr(torch, dtype))
-    array = lucid.optim._state.to_array(t)
+    array = lucid._arrays.to_array(t)
     assert array.dtype == jnp.dtype(getattr(jnp, dtype))
     back = lucid.optim.to_torch({"x": jnp.asarray(array)})["x"]
     assert back.dtype == t.dtype and torch.equal(back.view(torch.uint8), t.view(torch.uint8))

@@ -50,7 +50,9 @@ def test_fused_step_matches_torch_and_returns_the_loss(name, options):
             )
 
 
-def test_fused_step_compiles_once_under_a_scheduler_and_mixes_with_eager_steps():
+def test_fused_step_compiles_once_under_a_scheduler_and_mixes_with_plain_opt_steps():
+    """Fused calls and `opt.step()` on the same (compiled) optimizer share one state:
+    a plain step after 21 fused ones continues the eager reference exactly."""
     params = _params()
     opt = lucid.optim.Adam(list(params.values()), lr=0.01)
     sched = lucid.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20)

@@ -63,6 +63,10 @@ def register(registry: OrderedDict, hook: Callable, prepend: bool = False) -> Re
     return handle
 
 
+# torch's names for the step hooks' types: hook(optimizer, args, kwargs)
+OptimizerPreHook = Callable[[Any, tuple, dict], tuple[tuple, dict] | None]
+OptimizerPostHook = Callable[[Any, tuple, dict], None]
+
 GLOBAL_STEP_PRE_HOOKS: OrderedDict[int, Callable] = OrderedDict()
 GLOBAL_STEP_POST_HOOKS: OrderedDict[int, Callable] = OrderedDict()
 

@@ -57,6 +57,8 @@ class CompiledOptimizer:
         Barzilai-Borwein optimizer that shares the L-BFGS's `param_groups`).
       shard_state_over: the mesh axis (or axes) the state of replicated
         parameters is sharded over (ZeRO-1), or `None`.
+      OptimizerPreHook: torch's type alias of a step pre-hook (as `Optimizer`'s).
+      OptimizerPostHook: torch's type alias of a step post-hook (as `Optimizer`'s).
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -73,6 +75,10 @@ class CompiledOptimizer:
       >>> list(compiled.state_dict()["state"][0])
       ['momentum_buffer']
     """
+
+    OptimizerPreHook = Optimizer.OptimizerPreHook
+    OptimizerPostHook = Optimizer.OptimizerPostHook
+    profile_hook_step = Optimizer.profile_hook_step
 
     def __init__(
         self, optimizer: Optimizer, shard_state_over: str | tuple[str, ...] | None = None

@@ -30,6 +30,8 @@ from ..functional._rule import Rule, hyper_values
 from ..functional._signature import Signature
 from ._engine import Backend, EagerBackend, Group, Hyper, export, load_entry
 from ._hooks import (
+    OptimizerPostHook,
+    OptimizerPreHook,
     RemovableHandle,
     register,
     register_optimizer_step_post_hook,
@@ -86,6 +88,12 @@ class Optimizer:
       torch_signature: a class attribute: the torch signature a built-in
         optimizer's constructor, Args and example come from (the same one as
         its `lucid.functional` form's); `None` for your own optimizer.
+      runs_rule: a class attribute: `False` for an optimizer that has a `rule`
+        but writes its own `step` and keeps its state in `state` (LBFGS).
+      OptimizerPreHook: the type of a step pre-hook, torch's alias:
+        `hook(optimizer, args, kwargs) -> None | (args, kwargs)`.
+      OptimizerPostHook: the type of a step post-hook, torch's alias:
+        `hook(optimizer, args, kwargs) -> None`.
 
     Raises:
       TypeError: `params` is a single Parameter or array, or holds something
@@ -114,6 +122,8 @@ class Optimizer:
       ({'lr': 0.5}, 0.5)
     """
 
+    OptimizerPreHook: ClassVar[Any] = OptimizerPreHook
+    OptimizerPostHook: ClassVar[Any] = OptimizerPostHook
     rule: ClassVar[Rule | None] = None  # None: an optimizer with its own step
     # False for a class that has a rule (its options, its compiled form) but writes its
     # own step and keeps its own state (LBFGS)
@@ -181,7 +191,7 @@ class Optimizer:
         options, hyper-parameters (read once) and the options a new state starts from.
 
         Returns:
-          One [Group][lucid.optim._engine.Group] per parameter group, in order.
+          One `lucid.optim._engine.Group` per parameter group, in order.
         """
         rule = self.rule
         assert rule is not None
@@ -191,6 +201,21 @@ class Optimizer:
             )
             for group in self.param_groups
         ]
+
+    @staticmethod
+    def profile_hook_step(func: Callable) -> Callable:
+        """`func` (a `step`) with the step hooks around it (torch's decorator of the same
+        name, which also labels the step for its profiler; lucid has no profiler to tell).
+
+        Every `Optimizer` subclass's `step` is wrapped so already, as torch wraps it.
+
+        Args:
+          func: a step method, `func(optimizer, *args, **kwargs)`.
+
+        Returns:
+          The wrapped method.
+        """
+        return _hooked(func)
 
     @property
     def has_stepped(self) -> bool:
