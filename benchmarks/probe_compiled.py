@@ -20,8 +20,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax
 
 import lucid
-from lucid.optim._engine import programs
 from benchmarks import shapes as shape_sets
+from lucid.optim._engine import programs
 
 
 def timed(fn, repeats=20, sync=True):
