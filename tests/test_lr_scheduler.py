@@ -505,7 +505,7 @@ def test_composites_validate_their_children():
         LL.SequentialLR(optimizer, [step, LL.ExponentialLR(optimizer, 0.9)], [1, 2])
     with pytest.raises(TypeError, match="at index 1 should have `optimizer`"):
         LL.ChainedScheduler([step, object()])
-    optimizer.step()  # a step was taken (else torch's order warning)
+    optimizer.has_stepped = True  # what an optimizer's step records (else torch's order warning)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         LL.ChainedScheduler([step]).step()  # no warnings from a plain step

@@ -487,8 +487,10 @@ class FusedStep:
         if isinstance(optimizer, CompiledOptimizer):
             self.compiled = optimizer
         else:
-            found = _compiled_form(optimizer) if shard_state_over is None else None
-            self.compiled = found or compile_optimizer(optimizer, shard_state_over=shard_state_over)
+            backend = optimizer.backend
+            if shard_state_over is None and isinstance(backend, CompiledBackend):
+                shard_state_over = backend.shard_state_over  # compiled already, however it was
+            self.compiled = compile_optimizer(optimizer, shard_state_over=shard_state_over)
         self.grad_transform = _as_transform(grad_transform)
         self.transform_state: Any = None
         self._transform_params: tuple[Parameter, ...] = ()
