@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, ClassVar
 
 import jax
@@ -38,6 +38,7 @@ from ._hooks import (
     register_optimizer_step_pre_hook,
     run_with_step_hooks,
 )
+from ._live_state import StateMapping
 from ._torch_format import copy_arrays
 
 ParamsT = Iterable[Parameter] | Iterable[dict[str, Any]]
@@ -152,6 +153,7 @@ class Optimizer:
         self._backend: Backend | None = (
             EagerBackend(self.rule) if self.rule is not None and self.runs_rule else None
         )
+        self._live = StateMapping(self._engine_entries, self._all_engine_entries)
         groups = list(params)
         if not groups:
             raise ValueError("optimizer got an empty parameter list")
@@ -360,21 +362,71 @@ class Optimizer:
         self.param_groups.append(param_group)
 
     @property
-    def state(self) -> dict[Parameter, dict[str, Any]]:
-        """Per-parameter state with torch's names: `{Parameter: {name: array}}`.
+    def state(self) -> MutableMapping[Any, Any]:
+        """Per-parameter state with torch's names, live as torch's `optimizer.state`.
 
-        For lucid's optimizers a snapshot of the parameters that have state
-        (assigning into it changes nothing; `load_state_dict` does); for an
-        optimizer that writes its own step the live `defaultdict(dict)` its
-        `step` writes, as in torch."""
+        `state[p]` is the parameter's `{name: array}` (empty before its first
+        step). Reads see the current state; writes (`state[p]["exp_avg"] =
+        jnp.zeros_like(p.data)`, a new name, `del state[p]`, a key that is not a
+        parameter, `state["note"] = 1`) take effect at the next step, which
+        checks them as a checkpoint's entries are checked: a write of the wrong
+        shape or dtype is a `ValueError` at that step, and nothing changes.
+        Names the optimizer does not keep and non-parameter keys are kept as
+        written and travel in `state_dict()`. For an optimizer that writes its
+        own step, the `defaultdict(dict)` its `step` writes, as in torch."""
         if self._backend is None:
             return self._own_state
-        shown = {p: self.export_state(s) for p, s in self._backend.states().items()}
-        return {p: s for p, s in shown.items() if s}
+        return self._live
 
-    def _states(self) -> dict[Parameter, Any]:
-        """Every parameter's state as kept (the backend's, or the own-step dict)."""
-        return dict(self._own_state) if self._backend is None else self._backend.states()
+    def _engine_entries(self, p: Parameter) -> dict[str, Any]:
+        assert self._backend is not None
+        state = self._backend.state_of(p)
+        return {} if state is None else self.export_state(state)
+
+    def _all_engine_entries(self) -> dict[Parameter, dict[str, Any]]:
+        assert self._backend is not None
+        shown = {p: self.export_state(s) for p, s in self._backend.states().items()}
+        return {p: entries for p, entries in shown.items() if entries}
+
+    def state_names(self) -> set[str]:
+        """The entry names the engine keeps for a parameter (torch's names); other names
+        written into `state` are kept beside it.
+
+        Returns:
+          The names (for a built-in optimizer, its rule's state fields that torch shows).
+        """
+        if self.rule is None:
+            return set()
+        return set(self.rule.state._fields) - set(self.rule.hidden)
+
+    def _apply_state_writes(self) -> None:
+        """Hand the writes made into `state` since the last step to the engine, checked
+        first: on an error nothing changes."""
+        live, backend = self._live, self._backend
+        if backend is None or not (live.pending or live.dropped):
+            return
+        names = self.state_names()
+        changed = live.take_writes(lambda p: names)
+        group_of = {p: g for g in self.param_groups for p in g["params"]}
+        states = backend.states()
+        for p, entries in changed.items():
+            where = f"written into opt.state (a parameter of shape {tuple(p.shape)})"
+            for name, value in live.pending.get(p, {}).items():
+                # a write keeps the parameter's dtype (torch's in-place update fails on
+                # any other); a checkpoint's entries, by contrast, are converted on load
+                dtype = getattr(value, "dtype", None)
+                scalar = self.rule is not None and name in self.rule.scalar_state
+                if name in names and dtype is not None and not scalar and dtype != p.dtype:
+                    raise ValueError(
+                        f"state {name!r} {where} has dtype {dtype}; the parameter's is {p.dtype}"
+                    )
+            state = self.import_state(group_of.get(p, self.defaults), p, entries, where)
+            if state is None:
+                states.pop(p, None)
+            else:
+                states[p] = state
+        backend.load(states)
+        live.writes_applied(lambda p: names)
 
     def _validate(self, options: Mapping[str, Any]) -> None:
         if self.rule is not None:
@@ -451,6 +503,7 @@ class Optimizer:
         loss = closure() if closure is not None else None
         for group in self.param_groups:  # values edited by hand: checked before anything moves
             self.rule.check_step(group)
+        self._apply_state_writes()
         self._backend.step(self.engine_groups())
         return loss
 
@@ -630,18 +683,23 @@ class Optimizer:
             packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
             packed["params"] = [index.setdefault(p, len(index)) for p in group["params"]]
             groups.append(packed)
-        state = {}
-        for p, s in self._states().items():
-            shown = self.export_state(s)
+        state: dict[Any, Any] = {}
+        others: dict[Any, Any] = {}
+        every = self._live.snapshot() if self._backend is not None else dict(self._own_state)
+        for key, entries in every.items():
+            if not isinstance(key, Parameter):
+                others[key] = copy.deepcopy(entries)  # torch: a non-parameter key as it is
+                continue
+            shown = self.export_state(entries) if self._backend is None else dict(entries)
             if not shown:
                 continue
-            if p not in index:  # torch: the parameter's id is not in its param mappings
+            if key not in index:  # torch: the parameter's id is not in its param mappings
                 raise KeyError(
-                    f"state_dict: a parameter of shape {p.shape} has state but is in no "
+                    f"state_dict: a parameter of shape {key.shape} has state but is in no "
                     "parameter group (torch raises this KeyError too)"
                 )
-            state[index[p]] = copy_arrays(shown)
-        state_dict = {"state": dict(sorted(state.items())), "param_groups": groups}
+            state[index[key]] = copy_arrays(shown)
+        state_dict = {"state": {**dict(sorted(state.items())), **others}, "param_groups": groups}
         for post_hook in list(self._state_dict_post_hooks.values()):
             result = post_hook(self, state_dict)
             if result is not None:
@@ -683,7 +741,7 @@ class Optimizer:
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        groups, states = self._validated(state_dict)
+        groups, states, extra, others = self._validated(state_dict)
         for group, new in zip(self.param_groups, groups):
             group.clear()
             group.update(new)
@@ -691,13 +749,16 @@ class Optimizer:
         if self._backend is None:
             self._own_state.clear()
             self._own_state.update(states)
+            self._own_state.update(others)
         else:
             self._backend.load(states)
+            self._live.reset(extra, others)
         for post_hook in list(self._load_state_dict_post_hooks.values()):
             post_hook(self)
 
-    def _validated(self, state_dict: Mapping[str, Any]) -> tuple[list[dict], dict]:
-        """The groups and states a state_dict would produce; raises ValueError on any mismatch."""
+    def _validated(self, state_dict: Mapping[str, Any]) -> tuple[list[dict], dict, dict, dict]:
+        """The groups, states, extra entries (names the engine does not keep) and
+        non-parameter keys a state_dict would produce; raises ValueError on any mismatch."""
         if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
             raise ValueError("a state_dict must be a dict with 'state' and 'param_groups' entries")
         saved_groups = state_dict["param_groups"]
@@ -722,16 +783,28 @@ class Optimizer:
             new_groups.append(merged)
         group_of = {p: g for g in new_groups for p in g["params"]}
         new_states: dict[Parameter, Any] = {}
+        extra: dict[Parameter, dict[str, Any]] = {}
+        others: dict[Any, Any] = {}
+        names = self.state_names()
         for key, saved_state in dict(state_dict["state"]).items():
             if key not in id_map:
-                raise ValueError(
-                    f"the state_dict holds state for parameter {key!r}, which no group lists"
-                )
+                if isinstance(key, int | np.integer):
+                    raise ValueError(
+                        f"the state_dict holds state for parameter {key!r}, which no group lists"
+                    )
+                others[key] = saved_state  # torch keeps a key that is not a parameter's
+                continue
             p = id_map[key]
+            if self._backend is not None and isinstance(saved_state, Mapping):
+                # names the engine does not keep travel beside it, as torch keeps them
+                kept = {k: v for k, v in saved_state.items() if k not in names}
+                if kept:
+                    extra[p] = kept
+                saved_state = {k: v for k, v in saved_state.items() if k in names}
             state = self.import_state(group_of[p], p, saved_state, key)
             if state is not None:
                 new_states[p] = state
-        return new_groups, new_states
+        return new_groups, new_states, extra, others
 
     def constructed(self) -> None:
         """Per-class checks and state at the end of a lucid optimizer's construction

@@ -173,6 +173,19 @@ def states_of(buckets: list[Bucket]) -> dict[Parameter, Any]:
     return states
 
 
+def state_at(bucket: Bucket, index: int) -> Any:
+    """The state of the bucket's ``index``-th parameter, cut from its buffers."""
+    fields = [
+        None
+        if value is None
+        else jnp.array(value, copy=True)
+        if value.ndim == 0
+        else bucket.store.views(value)[index]
+        for value in bucket.state
+    ]
+    return type(bucket.state)(*fields)
+
+
 def by_domain(buckets: list[Bucket]) -> list[tuple[Any, list[int]]]:
     """Bucket positions grouped by the devices they live on; uncommitted buckets join
     the first committed domain (jit places them there)."""

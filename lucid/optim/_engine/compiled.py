@@ -64,12 +64,21 @@ class CompiledBackend:
         self._buckets: list[Bucket] = []
         self._params: Params = ()
         self._orphans: dict[Parameter, Any] = {}  # state of parameters no group lists
+        self._where: dict[Parameter, tuple[Bucket, int]] = {}
         self._device_vectors: dict[Any, tuple[list[float], jax.Array]] = {}
         self._lay_out(_params_of(groups), dict(states))
 
     # ------------------------------------------------------ Backend protocol
     def states(self) -> dict[Parameter, Any]:
         return {**self._orphans, **layout.states_of(self._buckets)}
+
+    def state_of(self, param: Parameter) -> Any:
+        if param in self._orphans:
+            return self._orphans[param]
+        found = self._where.get(param)
+        if found is None or found[0].state is None:
+            return None
+        return layout.state_at(*found)
 
     def state_arrays(self) -> list[jax.Array]:
         """Every array of state the backend holds (the buckets' buffers and scalars)."""
@@ -232,6 +241,11 @@ class CompiledBackend:
         self._buckets = layout.build(
             self.rule, layout.entries(params, states), self.shard_state_over
         )
+        self._where = {
+            p: (bucket, index)
+            for bucket in self._buckets
+            for index, p in enumerate(bucket.store.params)
+        }
         for bucket in self._buckets:
             if isinstance(bucket.store, FlatStore):
                 bucket.store.on_restructure = self._restructure

@@ -48,6 +48,9 @@ class EagerBackend:
     def states(self) -> dict[Parameter, Any]:
         return dict(self._states)
 
+    def state_of(self, param: Parameter) -> Any:
+        return self._states.get(param)
+
     def load(self, states: Mapping[Parameter, Any]) -> None:
         self._states = dict(states)
 

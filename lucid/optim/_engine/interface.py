@@ -57,6 +57,9 @@ class Backend(Protocol):
         rule's NamedTuple), including parameters no group lists any more, as torch
         keeps them. The dict is new; the arrays are the current ones (immutable)."""
 
+    def state_of(self, param: Parameter) -> Any:
+        """One parameter's state (the rule's NamedTuple), or ``None`` without state."""
+
     def load(self, states: Mapping[Parameter, Any]) -> None:
         """Replace every state (after a checkpoint was validated)."""
 
