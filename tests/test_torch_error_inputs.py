@@ -13,6 +13,7 @@ and explained in docs/bad_input.md.
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import types
 import unittest
@@ -58,15 +59,16 @@ CASES = [
 
 
 def _outcome(build_params, construct, step):
-    """``(moment, exception type)`` of the first failure (or warning), or ``("ok", None)``."""
+    """``(moment, exception type, message)`` of the first failure (or warning), or
+    ``("ok", None, "")``."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         for moment, run in (("params", build_params), ("construction", construct), ("step", step)):
             try:
                 run()
-            except Exception as error:  # the type is what is compared
-                return moment, type(error)
-    return "ok", None
+            except Exception as error:  # the type, the moment and the words are compared
+                return moment, type(error), str(error)
+    return "ok", None, ""
 
 
 def _sample_param():
@@ -149,14 +151,17 @@ def test_lucid_fails_like_torch_on_torchs_error_inputs(info, error):
     # the harness replays torch's list faithfully: torch fails where the list says
     moment = "construction" if error.error_on == OptimizerErrorEnum.CONSTRUCTION_ERROR else "step"
     assert expected[0] == moment and issubclass(expected[1], error.error_type), expected
+    assert re.search(error.error_regex, expected[2]), (error.error_regex, expected[2])
 
     ours = _Run(name, error.optimizer_error_input, to_lucid=True)
     got = _outcome(ours.build, ours.construct, ours.step)
     desc = error.optimizer_error_input.desc
     if desc in DIFFERENCES:
-        assert got != expected and got[1] is ValueError, (desc, got)
+        assert got[:2] != expected[:2] and got[1] is ValueError, (desc, got)
     else:
-        assert got == expected, (desc, got, expected)
+        assert got[:2] == expected[:2], (desc, got, expected)
+        # torch's words, where a user's except clause or a test matches them
+        assert re.search(error.error_regex, got[2]), (desc, error.error_regex, got[2])
 
 
 def test_the_deliberate_differences_are_documented():

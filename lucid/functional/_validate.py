@@ -81,9 +81,10 @@ def non_negative(value: Any, what: str) -> None:
         raise ValueError(f"Invalid {what}: {_shown(value, number)}")
 
 
-def positive(value: Any, what: str) -> None:
-    """``ValueError(f"Invalid {what}: {value}")`` unless ``0 < value``."""
-    number = scalar(value, what)
+def positive(value: Any, what: str, name: str | None = None) -> None:
+    """``ValueError(f"Invalid {what}: {value}")`` unless ``0 < value``; a multi-element
+    array is ``Tensor {name} must be 1-element`` (``name`` defaults to ``what``)."""
+    number = scalar(value, name or what)
     if number is not None and not number > 0.0:
         raise ValueError(f"Invalid {what}: {_shown(value, number)}")
 

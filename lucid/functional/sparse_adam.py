@@ -64,7 +64,7 @@ class SparseAdamState(NamedTuple):
 
 def _validate_sparse_adam(o: dict) -> None:
     """torch's constructor checks, in its order: ``0 < lr``, ``0 < eps``, betas in [0, 1)."""
-    _validate.positive(o["lr"], "learning rate")
+    _validate.positive(o["lr"], "learning rate", name="lr")
     _validate.positive(o["eps"], "epsilon value")
     _validate.betas(o["betas"])
 

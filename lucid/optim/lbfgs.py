@@ -198,6 +198,9 @@ class LBFGS(Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if self.param_groups:
+            # torch's base checks (duplicates across groups, names) come first, then LBFGS's
+            super().add_param_group(param_group)
+            self.param_groups.pop()
             raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
         params = param_group.get("params", [])
         params = [params] if isinstance(params, Parameter) else list(params)

@@ -134,8 +134,8 @@ class Optimizer:
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         if isinstance(params, Parameter | jax.Array | np.ndarray):
             raise TypeError(
-                "params argument given to the optimizer should be an iterable of "
-                f"Parameters or dicts, but got {type(params).__name__}"
+                "params argument given to the optimizer should be an iterable of Tensors or "
+                f"dicts (lucid.Parameter objects or dicts), but got {type(params).__name__}"
             )
         self._validate(defaults)
         self.defaults = dict(defaults)
