@@ -24,8 +24,18 @@ Examples:
 
 from . import functional, nn, optim
 from ._backward import backward
+from ._compilation_cache import enable_compilation_cache
 from ._parameter import Parameter
 from .optim import compile_optimizer, fused_step
 
-__all__ = ["Parameter", "backward", "compile_optimizer", "functional", "fused_step", "nn", "optim"]
+__all__ = [
+    "Parameter",
+    "backward",
+    "compile_optimizer",
+    "enable_compilation_cache",
+    "functional",
+    "fused_step",
+    "nn",
+    "optim",
+]
 __version__ = "0.1.0"
