@@ -28,6 +28,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 import numpy as np
 
+from ._arrays import is_sparse
+
 Array = jax.Array
 
 
@@ -85,6 +87,10 @@ class Storage(Protocol):
 
     def set_grad_buffer(self, buffer: Array) -> None:
         """Replace the gradient buffer `grad_buffer` returned (same layout)."""
+
+    def sparse_indices(self, indices: Sequence[int]) -> list[int]:
+        """Those of ``indices`` whose gradient was assigned sparse (read without
+        cutting a dense buffer)."""
 
     @property
     def buffer(self) -> Array: ...
@@ -149,6 +155,9 @@ class OwnArrays:
 
     def set_grad_buffer(self, buffer: Array) -> None:
         self._grad = buffer
+
+    def sparse_indices(self, indices: Sequence[int]) -> list[int]:
+        return [i for i in indices if is_sparse(self._grad)]
 
     @property
     def buffer(self) -> Array:

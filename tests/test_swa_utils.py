@@ -172,3 +172,246 @@ def test_swalr_refuses_what_torch_refuses():
         with pytest.raises(ValueError) as ours:
             swa_utils.SWALR(opt, **kwargs)
         assert str(ours.value).split()[:3] == str(theirs.value).split()[:3], kwargs
+
+
+# ------------------------------------------------- validation as torch's, state_dicts both ways
+def _torch_one(shape, dtype=torch.float32, value=1.0):
+    module = torch.nn.Module()
+    module.w = torch.nn.Parameter(torch.full(shape, value, dtype=dtype))
+    return module
+
+
+def _lucid_one(shape, dtype=jnp.float32, value=1.0):
+    return {"w": lucid.Parameter(jnp.full(shape, value, dtype=dtype))}
+
+
+KINDS = {
+    "swa": ({}, {}),
+    "ema-multi": (
+        {"multi_avg_fn": TORCH.get_ema_multi_avg_fn(0.5)},
+        {"multi_avg_fn": swa_utils.get_ema_multi_avg_fn(0.5)},
+    ),
+    "ema-single": (
+        {"avg_fn": TORCH.get_ema_avg_fn(0.5)},
+        {"avg_fn": swa_utils.get_ema_avg_fn(0.5)},
+    ),
+}
+
+
+def _snapshot(averaged):
+    return np.asarray(averaged.module["w"].data).copy(), int(averaged.n_averaged)
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-update", "later-update"])
+@pytest.mark.parametrize("shape", [(3,), (3, 2, 1), (2,), (1, 2)])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_an_update_of_another_shape_is_refused_or_broadcast_as_torch(kind, shape, first):
+    """torch writes into the averaged tensor in place: a broadcastable value is broadcast,
+    any other raises; lucid refuses the same ones, changes nothing, and never reshapes."""
+    theirs_kw, ours_kw = KINDS[kind]
+    theirs = TORCH.AveragedModel(_torch_one((3, 2)), **theirs_kw)
+    ours = swa_utils.AveragedModel(_lucid_one((3, 2)), **ours_kw)
+    if not first:
+        theirs.update_parameters(_torch_one((3, 2)))
+        ours.update_parameters(_lucid_one((3, 2)))
+    before = _snapshot(ours)
+    try:
+        theirs.update_parameters(_torch_one(shape, value=3.0))
+    except RuntimeError:
+        with pytest.raises(ValueError, match=r"has shape .* does not fit the averaged copy's"):
+            ours.update_parameters(_lucid_one(shape, value=3.0))
+        after = _snapshot(ours)
+        np.testing.assert_array_equal(after[0], before[0])
+        assert after[1] == before[1]
+        return
+    ours.update_parameters(_lucid_one(shape, value=3.0))
+    assert ours.module["w"].shape == tuple(theirs.module.w.shape) == (3, 2)
+    np.testing.assert_allclose(
+        np.asarray(ours.module["w"].data), theirs.module.w.detach().numpy(), rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("kind", ["swa", "ema-single"])
+def test_a_float32_average_of_a_float64_model_stays_float32_as_torchs(kind):
+    theirs_kw, ours_kw = KINDS[kind]
+    theirs = TORCH.AveragedModel(_torch_one((2,)), **theirs_kw)
+    ours = swa_utils.AveragedModel(_lucid_one((2,)), **ours_kw)
+    for value in (1.0 / 3.0, 2.0 / 7.0, 0.1):
+        theirs.update_parameters(_torch_one((2,), torch.float64, value))
+        ours.update_parameters(_lucid_one((2,), jnp.float64, value))
+    assert theirs.module.w.dtype == torch.float32
+    assert ours.module["w"].dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(ours.module["w"].data), theirs.module.w.detach())
+
+
+AVG_FN_RESULTS = {
+    "0-d": lambda a, c, n: (a + c).sum(),
+    "a number": lambda a, c, n: 1.5,
+    "float64": lambda a, c, n: (a + c) / 3,
+    "one row": lambda a, c, n: c[0] * 2,
+    "wrong shape": lambda a, c, n: c[:, 0],
+    "None": lambda a, c, n: None,
+}
+
+
+@pytest.mark.parametrize("name", list(AVG_FN_RESULTS))
+def test_avg_fn_results_are_checked_as_torchs_copy_checks_them(name):
+    """torch copies avg_fn's result into the averaged tensor: broadcast, cast to its dtype,
+    or refused; lucid the same, the average's shape and dtype never change."""
+    fn = AVG_FN_RESULTS[name]
+
+    def torch_fn(a, c, n):
+        result = fn(a, c, n)
+        return result.double() if name == "float64" else result
+
+    def lucid_fn(a, c, n):
+        result = fn(a, c, n)
+        return result.astype(jnp.float64) if name == "float64" else result
+
+    theirs = TORCH.AveragedModel(_torch_one((3, 2)), avg_fn=torch_fn)
+    ours = swa_utils.AveragedModel(_lucid_one((3, 2)), avg_fn=lucid_fn)
+    rng = np.random.default_rng(3)
+    values = [rng.normal(size=(3, 2)) for _ in range(2)]
+    for k, value in enumerate(values):
+        tm, lm = _torch_one((3, 2)), _lucid_one((3, 2))
+        with torch.no_grad():
+            tm.w.copy_(torch.tensor(value))
+        lm["w"].data = jnp.asarray(value, jnp.float32)
+        try:
+            theirs.update_parameters(tm)
+        except (RuntimeError, TypeError) as error:
+            assert k == 1
+            before = _snapshot(ours)
+            with pytest.raises(type(error) if name == "None" else ValueError, match="avera"):
+                ours.update_parameters(lm)
+            np.testing.assert_array_equal(_snapshot(ours)[0], before[0])
+            assert _snapshot(ours)[1] == before[1] == 1
+            return
+        ours.update_parameters(lm)
+    assert ours.module["w"].dtype == np.float32 and ours.module["w"].shape == (3, 2)
+    np.testing.assert_allclose(
+        np.asarray(ours.module["w"].data), theirs.module.w.detach().numpy(), rtol=1e-6
+    )
+
+
+def test_multi_avg_fn_results_and_both_averaging_functions_are_refused_in_words():
+    with pytest.raises(AssertionError) as theirs:
+        TORCH.AveragedModel(_torch_one((2,)), avg_fn=TORCH.get_swa_avg_fn(), multi_avg_fn=print)
+    with pytest.raises(ValueError, match=str(theirs.value)):
+        swa_utils.AveragedModel(
+            _lucid_one((2,)), avg_fn=swa_utils.get_swa_avg_fn(), multi_avg_fn=print
+        )
+    model = {"w": lucid.Parameter(jnp.ones(2)), "b": lucid.Parameter(jnp.ones(3))}
+    for result, error, words in [
+        (lambda a, c, n: None, TypeError, "must return the new averaged values"),
+        (lambda a, c, n: a[:1], ValueError, "returned 1 arrays for 2"),
+        (lambda a, c, n: [c[1], c[0]], ValueError, "does not fit"),
+    ]:
+        averaged = swa_utils.AveragedModel(model, multi_avg_fn=result)
+        averaged.update_parameters(model)
+        with pytest.raises(error, match=words):
+            averaged.update_parameters(model)
+        assert int(averaged.n_averaged) == 1
+
+
+def _pair(use_buffers=False):
+    """A torch AveragedModel and lucid's, over models with torch's names (a buffer too)."""
+    theirs = TORCH.AveragedModel(TorchModel(), use_buffers=use_buffers)
+    lucid_model = {
+        "w": lucid.Parameter(jnp.zeros((3, 2), jnp.float32)),
+        "b": lucid.Parameter(jnp.zeros(2, jnp.float32)),
+        "stat": jnp.zeros(2, jnp.float32),
+    }
+    return theirs, swa_utils.AveragedModel(lucid_model, use_buffers=use_buffers), lucid_model
+
+
+def _feed(theirs, ours, lucid_model, steps):
+    for k, values in enumerate(steps):
+        model = TorchModel()
+        with torch.no_grad():
+            model.w.copy_(torch.tensor(values["w"]))
+            model.b.copy_(torch.tensor(values["b"]))
+            model.stat.copy_(torch.tensor(values["b"]) * (k + 1))
+        theirs.update_parameters(model)
+        lucid_model["w"].data = jnp.asarray(values["w"], jnp.float32)
+        lucid_model["b"].data = jnp.asarray(values["b"], jnp.float32)
+        lucid_model["stat"] = jnp.asarray(values["b"] * (k + 1), jnp.float32)
+        ours.update_parameters(lucid_model)
+
+
+def _same(theirs, ours):
+    """float32 to rounding: XLA divides by the 0-d `n + 1` as a multiplication by its
+    reciprocal, torch divides (one rounding apart in a few entries)."""
+    assert int(ours.n_averaged) == int(theirs.n_averaged)
+    for ours_value, theirs_value in [
+        (ours.module["w"].data, theirs.module.w.detach()),
+        (ours.module["b"].data, theirs.module.b.detach()),
+        (ours.module["stat"], theirs.module.stat),
+    ]:
+        assert ours_value.dtype == np.float32
+        np.testing.assert_allclose(np.asarray(ours_value), theirs_value.numpy(), rtol=3e-7)
+
+
+@pytest.mark.parametrize("use_buffers", [False, True])
+def test_state_dicts_move_between_torch_and_lucid_averaged_models(use_buffers):
+    steps = _trajectory(5, seed=4)
+    # torch -> lucid: torch's keys (module.<name>, n_averaged) load as they are
+    theirs, ours, lucid_model = _pair(use_buffers)
+    _feed(theirs, ours, lucid_model, steps[:3])
+    saved = theirs.state_dict()
+    fresh_theirs, fresh, fresh_model = _pair(use_buffers)
+    fresh.load_state_dict(saved)
+    assert sorted(fresh.state_dict()) == sorted(saved)
+    fresh_theirs.load_state_dict(saved)
+    _feed(fresh_theirs, fresh, fresh_model, steps[3:])
+    _same(fresh_theirs, fresh)
+    # lucid -> torch: strict load of lucid's state_dict through to_torch
+    theirs, ours, lucid_model = _pair(use_buffers)
+    _feed(theirs, ours, lucid_model, steps[:2])
+    fresh_theirs = TORCH.AveragedModel(TorchModel(), use_buffers=use_buffers)
+    fresh_theirs.load_state_dict(lucid.optim.to_torch(ours.state_dict()))
+    _feed(fresh_theirs, ours, lucid_model, steps[2:])
+    _same(fresh_theirs, ours)
+
+
+def test_a_state_dict_that_does_not_fit_raises_as_torch_and_changes_nothing():
+    theirs, ours, lucid_model = _pair()
+    _feed(theirs, ours, lucid_model, _trajectory(2))
+    good = theirs.state_dict()
+    missing = {k: v for k, v in good.items() if k != "module.b"}
+    extra = {**good, "module.extra": torch.zeros(1)}
+    wrong = {**good, "module.w": torch.zeros(2, 3)}
+    for bad, words in [
+        (missing, "Missing key"),
+        (extra, "Unexpected key"),
+        (wrong, "size mismatch"),
+    ]:
+        with pytest.raises(RuntimeError, match=words):
+            TORCH.AveragedModel(TorchModel()).load_state_dict(bad)
+        before = {k: np.asarray(v).copy() for k, v in ours.state_dict().items()}
+        with pytest.raises(RuntimeError, match=words):
+            ours.load_state_dict(bad)
+        for k, v in ours.state_dict().items():
+            np.testing.assert_array_equal(np.asarray(v), before[k])
+    with pytest.raises(RuntimeError, match="non-negative integer"):
+        ours.load_state_dict({**good, "n_averaged": torch.tensor(1.5)})
+
+
+def test_the_positional_state_dict_of_earlier_lucid_versions_loads():
+    w = lucid.Parameter(jnp.array([1.0, 2.0]))
+    averaged = swa_utils.AveragedModel([w, 7])
+    averaged.load_state_dict({"module": [jnp.array([3.0, 4.0]), 7], "n_averaged": 2})
+    assert averaged.module[0].data.tolist() == [3.0, 4.0] and int(averaged.n_averaged) == 2
+    assert sorted(averaged.state_dict()) == ["module.0", "n_averaged"]
+
+
+def test_functional_averagers_refuse_other_shapes_and_keep_their_dtype():
+    for averager in (LF.averaging.swa(), LF.averaging.ema(0.5)):
+        state = averager.init({"w": jnp.zeros(2, jnp.float32)})
+        with pytest.raises(ValueError, match=r"params\['w'\] has shape \(3, 2\)"):
+            jax.jit(averager.update)({"w": jnp.ones((3, 2), jnp.float32)}, state)
+        with pytest.raises(ValueError, match="structure"):
+            averager.update({"v": jnp.ones(2)}, state)
+        for _ in range(2):
+            state = averager.update({"w": jnp.full(2, 1 / 3, jnp.float64)}, state)
+        assert state.averaged["w"].dtype == np.float32

@@ -59,7 +59,9 @@ class Averager(NamedTuple):
         [AveragerState][lucid.functional.averaging.AveragerState] holding no
         parameter set yet.
       update: `update(params, state) -> state`, with `params` folded into the
-        average (the first update copies them).
+        average (the first update copies them). `params` must have the
+        average's structure and shapes (else `ValueError`); the average keeps
+        its dtypes.
 
     Examples:
       >>> import jax, jax.numpy as jnp, lucid.functional as LF
@@ -117,10 +119,23 @@ def _averager(fold: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]) -> A
 
     def update(params: Any, state: AveragerState) -> AveragerState:
         n = state.n_averaged
+        treedef = jax.tree_util.tree_structure(state.averaged)
+        if jax.tree_util.tree_structure(params) != treedef:
+            raise ValueError(
+                f"averaging: the params' structure {jax.tree_util.tree_structure(params)} "
+                f"differs from the average's {treedef}"
+            )
+        with_path = jax.tree_util.tree_flatten_with_path(state.averaged)[0]
+        for (path, avg), cur in zip(with_path, jax.tree_util.tree_leaves(params)):
+            if jnp.shape(cur) != jnp.shape(avg):
+                raise ValueError(
+                    f"averaging: params{jax.tree_util.keystr(path)} has shape "
+                    f"{tuple(jnp.shape(cur))}, the average keeps {tuple(jnp.shape(avg))}"
+                )
 
         def one(avg: jax.Array, cur: jax.Array) -> jax.Array:
-            cur = cur.astype(avg.dtype)
-            return jnp.where(n == 0, cur, fold(avg, cur, n))
+            cur = jnp.asarray(cur).astype(avg.dtype)  # the average keeps its dtype, as torch's
+            return jnp.where(n == 0, cur, fold(avg, cur, n).astype(avg.dtype))
 
         averaged = jax.tree_util.tree_map(one, state.averaged, params)
         return AveragerState(averaged, n + 1)

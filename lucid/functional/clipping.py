@@ -11,6 +11,11 @@ $$
 optax's `clip_by_global_norm` scales by `max_norm / max(total, max_norm)`
 instead (no `1e-6`, 2-norm only); `clip_grad_norm` is torch's rule as an
 optax transform, for pure pipelines and for `fused_step(grad_transform=...)`.
+
+Dtypes as torch's: a tensor's norm is in its own dtype (bfloat16 and float16
+reduced in float32, then rounded), the norms are stacked in the dtype they
+promote to, and each gradient is scaled in its opmath dtype (float32 for the
+16-bit floats) and rounded back.
 """
 
 from __future__ import annotations
@@ -19,34 +24,96 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+
+from .._arrays import is_sparse
 
 Array = jax.Array
 
 
+def opmath(dtype: Any) -> np.dtype:
+    """The dtype torch computes elementwise ops of `dtype` in: float32 for the floats
+    narrower than 32 bits (bfloat16, float16), else `dtype` itself."""
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
+        return np.dtype(np.float32)
+    return dtype
+
+
+def _real(dtype: Any) -> np.dtype:
+    """The dtype of a norm of `dtype`'s values (complex64 -> float32)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(jnp.finfo(dtype).dtype) if jnp.issubdtype(dtype, jnp.inexact) else dtype
+
+
+def check_dense(tensors: list[Any], where: str) -> None:
+    """torch's clipping has no sparse kernels: refuse a sparse array in words.
+
+    Raises:
+      NotImplementedError: one of `tensors` is a `jax.experimental.sparse` array.
+    """
+    for tensor in tensors:
+        if is_sparse(tensor):
+            raise NotImplementedError(
+                f"{where}: a sparse gradient ({type(tensor).__name__} of shape "
+                f"{tuple(tensor.shape)}) cannot be clipped; torch's clipping has no sparse "
+                "kernel either (NotImplementedError for a sparse COO tensor). Clip its "
+                "dense form (.todense()) instead"
+            )
+
+
 def vector_norm(x: Array, norm_type: float) -> Array:
-    """`torch.linalg.vector_norm` of `x` flattened, for any order."""
+    """`torch.linalg.vector_norm` of `x` flattened, for any order.
+
+    As torch's: a bfloat16 or float16 `x` is reduced in float32 and the norm
+    rounded to `x`'s dtype (the real dtype, for a complex `x`)."""
+    out = _real(x.dtype)
     x = jnp.ravel(x)
+    x = x.astype(opmath(x.dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else x
     if norm_type == float("inf"):
-        return jnp.max(jnp.abs(x)) if x.size else jnp.zeros((), x.dtype)
-    if norm_type == float("-inf"):
-        return jnp.min(jnp.abs(x))
-    if norm_type == 0:
-        return jnp.sum(x != 0).astype(x.dtype)
-    if norm_type in (1, 2):
-        return jnp.linalg.norm(x, ord=norm_type)
-    return jnp.sum(jnp.abs(x) ** norm_type) ** (1.0 / norm_type)
+        norm = jnp.max(jnp.abs(x)) if x.size else jnp.zeros((), out)
+    elif norm_type == float("-inf"):
+        norm = jnp.min(jnp.abs(x))
+    elif norm_type == 0:
+        norm = jnp.sum(x != 0).astype(opmath(out))
+    elif norm_type in (1, 2):
+        norm = jnp.linalg.norm(x, ord=norm_type)
+    else:
+        norm = jnp.sum(jnp.abs(x) ** norm_type) ** (1.0 / norm_type)
+    return norm.astype(out)
 
 
 def total_norm(tensors: list[Array], norm_type: float) -> Array:
-    """The `norm_type`-norm of the tensors' norms (torch's `get_total_norm`)."""
-    norms = jnp.stack([vector_norm(t, norm_type).astype(tensors[0].dtype) for t in tensors])
-    return vector_norm(norms, norm_type)
+    """The `norm_type`-norm of the tensors' norms (torch's `get_total_norm`).
+
+    Each tensor's norm is in its own dtype; the norms are stacked in the
+    dtype they promote to (bfloat16 and float32 norms: float32) and the
+    total is taken in it, as torch's `torch.stack` of the per-dtype norms."""
+    norms = [vector_norm(t, norm_type) for t in tensors]
+    dtype = jnp.result_type(*norms)
+    return vector_norm(jnp.stack([n.astype(dtype) for n in norms]), norm_type)
 
 
 def clip_coefficient(max_norm: Any, total: Array) -> Array:
-    """`min(1, max_norm / (total + 1e-6))`."""
-    return jnp.minimum(max_norm / (total + 1e-6), 1.0)
+    """`min(1, max_norm / (total + 1e-6))`, in `total`'s dtype, rounded as torch's
+    (`max_norm / t` is torch's `t.reciprocal() * max_norm`)."""
+    dtype, op = total.dtype, opmath(total.dtype)
+    denominator = (total.astype(op) + jnp.asarray(1e-6, op)).astype(dtype)
+    reciprocal = jnp.reciprocal(denominator.astype(op)).astype(dtype)
+    coef = (reciprocal.astype(op) * jnp.asarray(max_norm).astype(op)).astype(dtype)
+    return jnp.minimum(coef, jnp.asarray(1.0, dtype))
+
+
+def scale(grad: Array, coef: Array, times: int = 1) -> Array:
+    """`grad` multiplied by the 0-d `coef` `times` times in place, as torch's `mul_` does it:
+    in `grad`'s opmath dtype (float32 for bfloat16), `coef` read in that dtype, the
+    result rounded to `grad`'s dtype each time (a Parameter listed twice is scaled twice)."""
+    op = opmath(grad.dtype)
+    factor = coef.astype(op) if jnp.issubdtype(op, jnp.inexact) else coef
+    for _ in range(times):
+        grad = (grad.astype(op) * factor).astype(grad.dtype)
+    return grad
 
 
 def clip_grad_norm(max_norm: float, norm_type: float = 2.0) -> optax.GradientTransformation:
@@ -71,9 +138,14 @@ def clip_grad_norm(max_norm: float, norm_type: float = 2.0) -> optax.GradientTra
       norm_type: the order $p$ of the norms (`float("inf")` for the max norm;
         0 counts the leaves with a nonzero entry).
 
+    The norms and the scaling follow torch's dtype rule: over bfloat16 and
+    float32 leaves the total is float32, and every leaf keeps its dtype.
+
     Returns:
       An optax `GradientTransformation` (stateless: `init` returns
-      `optax.EmptyState()`) whose updates are the clipped gradients.
+      `optax.EmptyState()`) whose updates are the clipped gradients; its
+      `update` raises `NotImplementedError` for a sparse leaf
+      (`jax.experimental.sparse`), as torch's clipping has no sparse kernel.
 
     Examples:
       >>> import jax.numpy as jnp, lucid.functional as LF
@@ -88,10 +160,11 @@ def clip_grad_norm(max_norm: float, norm_type: float = 2.0) -> optax.GradientTra
         return optax.EmptyState()
 
     def update_fn(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
-        leaves, treedef = jax.tree_util.tree_flatten(updates)
+        leaves, treedef = jax.tree_util.tree_flatten(updates, is_leaf=is_sparse)
         if not leaves:
             return updates, state
+        check_dense(leaves, "clip_grad_norm")
         coef = clip_coefficient(max_norm, total_norm(leaves, norm_type))
-        return treedef.unflatten([g * coef.astype(g.dtype) for g in leaves]), state
+        return treedef.unflatten([scale(g, coef) for g in leaves]), state
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -8,6 +8,14 @@ buffer, so clipping thousands of parameters is one small executable, not
 thousands of dispatches. The math is `lucid.functional.clipping`'s; for a
 pure pipeline, [clip_grad_norm][lucid.functional.clip_grad_norm] is the
 same rule as an optax transform.
+
+As torch's: each gradient's norm is taken in its own dtype (bfloat16 and
+float16 reduced in float32, the norm rounded back), the norms are stacked in
+the dtype they promote to (bfloat16 with float32 gradients: a float32 total)
+and each gradient is scaled in float32 when it is narrower; a Parameter
+listed twice counts twice in the total and is scaled twice; a sparse gradient
+raises `NotImplementedError`, as torch's has no sparse kernel, and nothing is
+changed.
 """
 
 from __future__ import annotations
@@ -21,21 +29,24 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._arrays import is_sparse
 from .._parameter import Parameter
 from .._storage import by_storage
 from ..functional import clipping
+from ..functional.clipping import check_dense
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm"]
 
 Array = jax.Array
 
 
-def _tensors(grads: list[Array], pieces: tuple) -> list[Array]:
-    """The gradients as torch sees them, one per parameter: a flat buffer's views."""
+def _tensors(grads: list[Array], pieces: tuple, times: tuple[int, ...]) -> list[Array]:
+    """The gradients as torch sees them, one per parameter listed: a flat buffer's views,
+    and a parameter listed `k` times `k` times (torch's list of `.grad`s repeats it)."""
     tensors = []
-    for grad, piece in zip(grads, pieces):
+    for grad, piece, k in zip(grads, pieces, times):
         if piece is None:
-            tensors.append(grad)
+            tensors.extend([grad] * k)
         else:
             layout, indices = piece
             views = layout.split(grad)
@@ -43,21 +54,23 @@ def _tensors(grads: list[Array], pieces: tuple) -> list[Array]:
     return tensors
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _total_norm(grads: list[Array], pieces: tuple, norm_type: float) -> Array:
-    return clipping.total_norm(_tensors(grads, pieces), norm_type)
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _total_norm(grads: list[Array], pieces: tuple, times: tuple, norm_type: float) -> Array:
+    return clipping.total_norm(_tensors(grads, pieces, times), norm_type)
 
 
-@jax.jit
-def _scaled(grads: list[Array], max_norm: Array, total_norm: Array) -> list[Array]:
+@functools.partial(jax.jit, static_argnums=(3,))
+def _scaled(grads: list[Array], max_norm: Array, total_norm: Array, times: tuple) -> list[Array]:
     coef = clipping.clip_coefficient(max_norm, total_norm)
-    return [g * coef.astype(g.dtype) for g in grads]
+    return [clipping.scale(g, coef, k) for g, k in zip(grads, times)]
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _clipped_by_norm(grads: list[Array], max_norm: Array, pieces: tuple, norm_type: float):
-    total = _total_norm(grads, pieces, norm_type)
-    return total, _scaled(grads, max_norm, total)
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _clipped_by_norm(
+    grads: list[Array], max_norm: Array, pieces: tuple, times: tuple, norm_type: float
+) -> tuple[Array, list[Array]]:
+    total = _total_norm(grads, pieces, times, norm_type)
+    return total, _scaled(grads, max_norm, total, times)
 
 
 @jax.jit
@@ -77,29 +90,50 @@ def _parameters(parameters: Parameter | Iterable[Parameter]) -> list[Parameter]:
     return params
 
 
+def _sparse_indices(storage: Any, indices: list[int]) -> list[int]:
+    """The indices whose gradient is sparse (the storage knows, without slicing)."""
+    return storage.sparse_indices(indices)
+
+
 class _Gradients:
     """The gradients of some parameters as a few arrays: a storage's whole gradient
-    buffer where these parameters are all of its gradients, else one array each."""
+    buffer where these parameters are all of its gradients, each listed once, else one
+    array per parameter, with how many times it was listed (torch scales it that often)."""
 
-    def __init__(self, params: list[Parameter]) -> None:
+    def __init__(self, params: list[Parameter], where: str) -> None:
         # presence from the storages: reading p.grad would cut a slice per parameter
-        with_grad = [p for p in params if p.location[0].grad_present(p.location[1])]
+        counts: dict[Parameter, int] = {}
+        for p in params:
+            if p.location[0].grad_present(p.location[1]):
+                counts[p] = counts.get(p, 0) + 1
+        repeated = any(k > 1 for k in counts.values())
         self.arrays: list[Array] = []
         pieces: list[Any] = []  # per array: None (one tensor) or (layout, indices)
+        times: list[int] = []
         self._writers: list[Any] = []
-        for storage, indices in by_storage(p.location for p in with_grad):
-            buffer = storage.grad_buffer(indices)
+        located = [(p.location, k) for p, k in counts.items()]
+        groups = by_storage(location for location, _ in located)
+        multiplicity = {(id(s), i): k for (s, i), k in located}
+        for storage, indices in groups:
+            sparse = _sparse_indices(storage, indices)
+            if sparse:
+                check_dense([storage.grad(sparse[0])], where)
+        for storage, indices in groups:
+            buffer = None if repeated else storage.grad_buffer(indices)
             if buffer is not None:
                 self.arrays.append(buffer)
                 several = storage.layout.param_count > 1
                 pieces.append((storage.layout, tuple(sorted(indices))) if several else None)
+                times.append(1)
                 self._writers.append(storage.set_grad_buffer)
                 continue
             for index in indices:
                 self.arrays.append(storage.grad(index))
                 pieces.append(None)
+                times.append(multiplicity[id(storage), index])
                 self._writers.append(functools.partial(storage.set_grad, index))
         self.pieces = tuple(pieces)
+        self.times = tuple(times)
 
     def write(self, arrays: list[Array]) -> None:
         for writer, array in zip(self._writers, arrays):
@@ -128,6 +162,8 @@ def get_total_norm(
 
     Raises:
       RuntimeError: `error_if_nonfinite` and a non-finite total.
+      NotImplementedError: a sparse array among `tensors` (torch's has no
+        sparse kernel either).
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -137,10 +173,11 @@ def get_total_norm(
       >>> float(lucid.nn.utils.get_total_norm(grads, norm_type=float("inf")))
       4.0
     """
-    arrays = [tensors] if isinstance(tensors, jax.Array) else list(tensors)
+    arrays = [tensors] if isinstance(tensors, jax.Array) or is_sparse(tensors) else list(tensors)
     if not arrays:
         return jnp.asarray(0.0)
-    total = _total_norm(arrays, (None,) * len(arrays), float(norm_type))
+    check_dense(arrays, "get_total_norm")
+    total = _total_norm(arrays, (None,) * len(arrays), (1,) * len(arrays), float(norm_type))
     _check_finite(total, norm_type, error_if_nonfinite)
     return total
 
@@ -182,9 +219,10 @@ def clip_grads_with_norm_(
       >>> [round(x, 4) for x in w.grad.tolist()]
       [0.6, 0.8]
     """
-    grads = _Gradients(_parameters(parameters))
+    grads = _Gradients(_parameters(parameters), "clip_grads_with_norm_")
     if grads.arrays:
-        grads.write(_scaled(grads.arrays, jnp.asarray(float(max_norm)), total_norm))
+        total = jnp.asarray(total_norm)
+        grads.write(_scaled(grads.arrays, jnp.asarray(float(max_norm)), total, grads.times))
 
 
 def clip_grad_norm_(
@@ -214,10 +252,13 @@ def clip_grad_norm_(
       foreach: accepted for torch compatibility; ignored.
 
     Returns:
-      $N$, the total norm before clipping (a 0-d array; `0.0` without gradients).
+      $N$, the total norm before clipping (a 0-d array; `0.0` without
+      gradients), in the dtype the gradients' norms promote to (torch's).
 
     Raises:
       RuntimeError: `error_if_nonfinite` and a non-finite total norm.
+      NotImplementedError: a sparse gradient (torch has no sparse kernel
+        either); nothing is changed.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -228,16 +269,18 @@ def clip_grad_norm_(
       >>> [round(x, 4) for x in w.grad.tolist()]
       [0.6, 0.8]
     """
-    grads = _Gradients(_parameters(parameters))
+    grads = _Gradients(_parameters(parameters), "clip_grad_norm_")
     if not grads.arrays:
         return jnp.asarray(0.0)
     max_norm = jnp.asarray(float(max_norm))
     if error_if_nonfinite:  # torch checks before anything is scaled
-        total = _total_norm(grads.arrays, grads.pieces, float(norm_type))
+        total = _total_norm(grads.arrays, grads.pieces, grads.times, float(norm_type))
         _check_finite(total, norm_type, error_if_nonfinite)
-        grads.write(_scaled(grads.arrays, max_norm, total))
+        grads.write(_scaled(grads.arrays, max_norm, total, grads.times))
         return total
-    total, scaled = _clipped_by_norm(grads.arrays, max_norm, grads.pieces, float(norm_type))
+    total, scaled = _clipped_by_norm(
+        grads.arrays, max_norm, grads.pieces, grads.times, float(norm_type)
+    )
     grads.write(scaled)
     return total
 
@@ -252,6 +295,10 @@ def clip_grad_value_(
       clip_value: the largest magnitude kept.
       foreach: accepted for torch compatibility; ignored.
 
+    Raises:
+      NotImplementedError: a sparse gradient (torch has no sparse kernel
+        either); nothing is changed.
+
     Examples:
       >>> import jax.numpy as jnp, lucid
       >>> w = lucid.Parameter(jnp.zeros(3))
@@ -260,6 +307,6 @@ def clip_grad_value_(
       >>> w.grad.tolist()
       [-1.0, 0.5, 1.0]
     """
-    grads = _Gradients(_parameters(parameters))
+    grads = _Gradients(_parameters(parameters), "clip_grad_value_")
     if grads.arrays:
         grads.write(_clamped(grads.arrays, jnp.asarray(float(clip_value))))

@@ -691,7 +691,8 @@ class Optimizer:
                 others[key] = copy.deepcopy(entries)  # torch: a non-parameter key as it is
                 continue
             shown = self.export_state(entries) if self._backend is None else dict(entries)
-            if not shown:
+            own = self._backend is None  # torch's defaultdict: even an entry made by reading
+            if not shown and not (own and key not in index):
                 continue
             if key not in index:  # torch: the parameter's id is not in its param mappings
                 raise KeyError(

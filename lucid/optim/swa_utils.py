@@ -16,13 +16,14 @@ average such statistics with `use_buffers=True` instead.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._arrays import is_torch_tensor, torch_to_numpy
 from .._parameter import Parameter
 from ..functional.averaging import check_decay, ema_fold, swa_fold, swa_lerp_fold
 from ._schedulers.base import LRScheduler, per_group
@@ -155,6 +156,59 @@ def _is_parameter(x: Any) -> bool:
     return isinstance(x, Parameter)
 
 
+def _is_array(x: Any) -> bool:
+    return isinstance(x, Parameter | jax.Array | np.ndarray)
+
+
+def _value(leaf: Any) -> Any:
+    return leaf.data if isinstance(leaf, Parameter) else leaf
+
+
+def _host(value: Any) -> np.ndarray:
+    """A state_dict value as NumPy: torch tensors (bfloat16 included) through their bits."""
+    return torch_to_numpy(value) if is_torch_tensor(value) else np.asarray(value)
+
+
+def _key_name(key: Any) -> str:
+    for attribute in ("key", "idx", "name"):  # DictKey/FlattenedIndexKey, SequenceKey, GetAttrKey
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def _dotted(path: tuple) -> str:
+    """A pytree path as torch names a module's entries: `{"layer": [w]}` -> `layer.0`."""
+    return ".".join(_key_name(key) for key in path)
+
+
+def _fitted(value: Any, like: Array, where: str, what: str) -> Array:
+    """`value` written into an array shaped and typed as `like`, as torch's in-place
+    `copy_` writes it: broadcast to `like`'s shape (never changing it), cast to its dtype.
+
+    Raises:
+      TypeError: `value` is not an array or a number.
+      ValueError: `value`'s shape does not broadcast to `like`'s.
+    """
+    if isinstance(value, Parameter):
+        value = value.data
+    if isinstance(value, bool) or not isinstance(
+        value, jax.Array | np.ndarray | np.generic | int | float
+    ):
+        raise TypeError(f"{what} for {where} must be an array, but got {type(value).__name__}")
+    value = jnp.asarray(value)
+    shape = tuple(like.shape)
+    try:
+        fits = np.broadcast_shapes(value.shape, shape) == shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"{what} for {where} has shape {tuple(value.shape)}, which does not fit the "
+            f"averaged copy's {shape} (torch's in-place copy refuses it too)"
+        )
+    return jnp.broadcast_to(value, shape).astype(like.dtype)
+
+
 class AveragedModel:
     """An averaged copy of a model: SWA by default, or an EMA (torch's `AveragedModel`).
 
@@ -168,6 +222,13 @@ class AveragedModel:
     given. Without `use_buffers` the plain arrays are copied from the model at
     every update, as torch keeps buffers in sync.
 
+    As torch writes each result into the averaged tensor in place, every
+    averaged array keeps its shape and dtype: a model value or an averaging
+    function's result is broadcast to the averaged shape and cast to the
+    averaged dtype (a float32 average of a float64 model stays float32), and
+    one that does not broadcast is an error. Every value is checked before
+    any is written: an update that fails changes nothing.
+
     Args:
       model: a pytree holding Parameters (and possibly plain arrays).
       device: the `jax.Device` to keep the averaged copy on; `None` keeps it
@@ -178,14 +239,19 @@ class AveragedModel:
       multi_avg_fn: `multi_avg_fn(averaged, current, n_averaged) -> new
         averaged`, applied to the lists of every averaged array at once
         ([get_ema_multi_avg_fn][lucid.optim.swa_utils.get_ema_multi_avg_fn],
-        [get_swa_multi_avg_fn][lucid.optim.swa_utils.get_swa_multi_avg_fn]);
-        it takes precedence over `avg_fn`.
+        [get_swa_multi_avg_fn][lucid.optim.swa_utils.get_swa_multi_avg_fn]).
+        It returns the new values (a list as long as `averaged`), where
+        torch's updates them in place.
       use_buffers: also average the plain array leaves (torch: the buffers)
         instead of copying them.
 
     Attributes:
       module: the averaged copy, a pytree shaped like `model`.
       n_averaged: the number of updates so far, a 0-d int32 array.
+
+    Raises:
+      ValueError: both `avg_fn` and `multi_avg_fn` (torch's message; torch
+        raises an `AssertionError`).
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -207,6 +273,8 @@ class AveragedModel:
         multi_avg_fn: MultiAvgFn | None = None,
         use_buffers: bool = False,
     ) -> None:
+        if avg_fn is not None and multi_avg_fn is not None:
+            raise ValueError("Only one of avg_fn and multi_avg_fn should be provided")
         leaves, self._treedef = jax.tree_util.tree_flatten(model, is_leaf=_is_parameter)
         copies = []
         for leaf in leaves:
@@ -223,18 +291,41 @@ class AveragedModel:
         self.use_buffers = use_buffers
         self.device = device
 
+    def _paths(self) -> list[str]:
+        """Each leaf's path in the averaged copy, as torch's dotted names."""
+        with_path = jax.tree_util.tree_flatten_with_path(self.module, is_leaf=_is_parameter)[0]
+        return [_dotted(path) or "<root>" for path, _ in with_path]
+
     def update_parameters(self, model: Any) -> None:
         """Fold `model`'s current values into the average (torch: `update_parameters`).
 
         The first call copies the values; each later one averages them in,
-        and `n_averaged` grows by one.
+        and `n_averaged` grows by one. Every value (the model's, and what the
+        averaging function returns) is checked before any is written, so an
+        update that raises changes nothing.
 
         Args:
           model: the live model, a pytree shaped like the one the average was
             made from.
 
         Raises:
-          ValueError: `model` is not shaped like the averaged copy.
+          ValueError: `model` is not structured like the averaged copy, a
+            Parameter of the copy is not one in `model`, or a value (the
+            model's or the averaging function's) has a shape that does not
+            broadcast to the averaged array's; `multi_avg_fn` returned a
+            list of the wrong length.
+          TypeError: an averaging function returned something that is not an
+            array (`None`: lucid's `multi_avg_fn` returns the new values).
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> from lucid.optim.swa_utils import AveragedModel
+          >>> w = lucid.Parameter(jnp.zeros(2))
+          >>> swa = AveragedModel([w])
+          >>> swa.update_parameters([lucid.Parameter(jnp.zeros(3))])
+          Traceback (most recent call last):
+          ...
+          ValueError: the model's value for 0 has shape (3,), which does not fit ...
         """
         model_leaves, treedef = jax.tree_util.tree_flatten(model, is_leaf=_is_parameter)
         if treedef != self._treedef:
@@ -243,6 +334,13 @@ class AveragedModel:
                 f"averaged copy's {self._treedef}"
             )
         own_leaves = jax.tree_util.tree_flatten(self.module, is_leaf=_is_parameter)[0]
+        paths = self._paths()
+        for path, own, theirs in zip(paths, own_leaves, model_leaves):
+            if isinstance(own, Parameter) and not isinstance(theirs, Parameter):
+                raise ValueError(
+                    f"update_parameters: {path} is a Parameter in the averaged copy, but "
+                    f"the model holds a {type(theirs).__name__} there"
+                )
         positions = [
             i
             for i, leaf in enumerate(own_leaves)
@@ -250,80 +348,184 @@ class AveragedModel:
             or (self.use_buffers and isinstance(leaf, jax.Array | np.ndarray))
         ]
         averaged = [_value(own_leaves[i]) for i in positions]
-        current = [self._placed(_value(model_leaves[i])) for i in positions]
-        if int(self.n_averaged) == 0:
-            new = [jnp.array(c, copy=True).astype(a.dtype) for a, c in zip(averaged, current)]
+        current = []
+        for i, like in zip(positions, averaged):
+            value = _value(model_leaves[i])
+            _fitted(value, like, paths[i], "the model's value")  # checked before averaging
+            current.append(self._placed(jnp.asarray(value)))
+        n = self.n_averaged
+        if int(n) == 0:
+            results = current
         elif self.multi_avg_fn is not None:
-            new = list(self.multi_avg_fn(averaged, current, self.n_averaged))
+            results = self.multi_avg_fn(list(averaged), list(current), n)
+            if not isinstance(results, list | tuple):
+                raise TypeError(
+                    "multi_avg_fn must return the new averaged values, a list of arrays, but "
+                    f"returned {type(results).__name__} (torch's updates them in place; JAX "
+                    "arrays cannot be)"
+                )
+            if len(results) != len(averaged):
+                raise ValueError(
+                    f"multi_avg_fn returned {len(results)} arrays for {len(averaged)} averaged ones"
+                )
         else:  # torch's default off CUDA is the one-array SWA, one parameter at a time
             avg_fn = self.avg_fn or get_swa_avg_fn()
-            new = [avg_fn(a, c, self.n_averaged) for a, c in zip(averaged, current)]
-        for i, value in zip(positions, new):
+            results = [avg_fn(a, c, n) for a, c in zip(averaged, current)]
+        what = "the model's value" if int(n) == 0 else "the averaging function's result"
+        new = {
+            i: _fitted(result, like, paths[i], what)
+            for i, like, result in zip(positions, averaged, results)
+        }
+        if not self.use_buffers:  # torch keeps the buffers in sync with the model's
+            for i, leaf in enumerate(own_leaves):
+                if not isinstance(leaf, Parameter) and isinstance(leaf, jax.Array | np.ndarray):
+                    value = self._placed(jnp.asarray(_value(model_leaves[i])))
+                    new[i] = _fitted(value, jnp.asarray(leaf), paths[i], "the model's buffer")
+        for i, value in new.items():  # everything checked: write
             if isinstance(own_leaves[i], Parameter):
                 own_leaves[i].data = value
             else:
                 own_leaves[i] = value
-        if not self.use_buffers:  # torch keeps the buffers in sync with the model's
-            for i, leaf in enumerate(model_leaves):
-                if not isinstance(leaf, Parameter) and isinstance(leaf, jax.Array | np.ndarray):
-                    own_leaves[i] = self._placed(jnp.array(leaf, copy=True))
         self.module = jax.tree_util.tree_unflatten(self._treedef, own_leaves)
-        self.n_averaged = self.n_averaged + 1
+        self.n_averaged = n + 1
 
     def _placed(self, value: Array) -> Array:
         return value if self.device is None else jax.device_put(value, self.device)
 
+    def _entries(self) -> dict[str, int]:
+        """`{state_dict key: leaf position}` for the array leaves, keyed as torch's
+        `AveragedModel.state_dict()` keys its module's entries (`module.<name>`)."""
+        leaves = jax.tree_util.tree_flatten(self.module, is_leaf=_is_parameter)[0]
+        entries: dict[str, int] = {}
+        for i, (path, leaf) in enumerate(zip(self._paths(), leaves)):
+            if not _is_array(leaf):
+                continue
+            key = f"module.{path}"
+            if key in entries:
+                raise ValueError(
+                    f"two leaves of the averaged model are both named {key!r}: torch's "
+                    "dotted names cannot tell them apart"
+                )
+            entries[key] = i
+        return entries
+
     def state_dict(self) -> dict[str, Any]:
-        """The averaged model's state.
+        """The averaged model's state, keyed as torch's `AveragedModel.state_dict()`.
+
+        Each array leaf is named by its path in the pytree, as torch names a
+        module's parameters and buffers: `{"w": ..., "layer": [a, b]}` gives
+        `module.w`, `module.layer.0`, `module.layer.1`. A pytree keyed as a
+        torch model's `named_parameters()` (and buffers) thus gives torch's
+        keys, and `torch_averaged.load_state_dict(lucid.optim.to_torch(sd))`
+        takes the result.
 
         Returns:
-          `{"module": [value, ...], "n_averaged": n}`: the averaged values in
-          leaf order, and the number of updates.
+          `{"n_averaged": n, "module.<name>": value, ...}`.
+
+        Raises:
+          ValueError: two leaves have the same dotted name.
 
         Examples:
           >>> import jax.numpy as jnp, lucid
           >>> from lucid.optim.swa_utils import AveragedModel
           >>> w = lucid.Parameter(jnp.array([1.0]))
-          >>> swa = AveragedModel([w])
-          >>> swa.update_parameters([w])
+          >>> swa = AveragedModel({"layer": {"weight": w}})
+          >>> swa.update_parameters({"layer": {"weight": w}})
           >>> sd = swa.state_dict()
-          >>> [a.tolist() for a in sd["module"]], int(sd["n_averaged"])
-          ([[1.0]], 1)
+          >>> sorted(sd), int(sd["n_averaged"]), sd["module.layer.weight"].tolist()
+          (['module.layer.weight', 'n_averaged'], 1, [1.0])
         """
         leaves = jax.tree_util.tree_flatten(self.module, is_leaf=_is_parameter)[0]
-        return {"module": [_value(leaf) for leaf in leaves], "n_averaged": self.n_averaged}
+        state: dict[str, Any] = {"n_averaged": self.n_averaged}
+        for key, i in self._entries().items():
+            state[key] = _value(leaves[i])
+        return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load what [state_dict][lucid.optim.swa_utils.AveragedModel.state_dict]
-        returned (checked first: all or nothing).
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a state_dict of [state_dict][lucid.optim.swa_utils.AveragedModel.state_dict]
+        or of torch's `AveragedModel` (checked first: all or nothing).
+
+        As torch's strict `load_state_dict`: the keys must be exactly this
+        model's, each value of the same shape; values are cast to the averaged
+        arrays' dtypes. torch tensors (bfloat16 included) are read as arrays.
+        The positional form of earlier lucid versions
+        (`{"module": [value, ...], "n_averaged": n}`) loads too.
 
         Args:
-          state_dict: `{"module": [value, ...], "n_averaged": n}`, from an
-            averaged model of the same structure.
+          state_dict: `{"n_averaged": n, "module.<name>": value, ...}`.
 
         Raises:
-          ValueError: a different number of leaves, or a shape that does not fit.
+          RuntimeError: missing or unexpected keys, a shape that does not
+            fit, or an `n_averaged` that is not a non-negative integer (torch
+            raises `RuntimeError` for a module's state_dict too).
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> from lucid.optim.swa_utils import AveragedModel
+          >>> w = lucid.Parameter(jnp.zeros(2))
+          >>> swa = AveragedModel({"w": w})
+          >>> swa.load_state_dict({"n_averaged": 3, "module.w": jnp.array([1.0, 2.0])})
+          >>> swa.module["w"].data.tolist(), int(swa.n_averaged)
+          ([1.0, 2.0], 3)
         """
+        if not isinstance(state_dict, Mapping):
+            raise RuntimeError(
+                f"an AveragedModel state_dict must be a dict, but got {type(state_dict).__name__}"
+            )
         leaves = jax.tree_util.tree_flatten(self.module, is_leaf=_is_parameter)[0]
-        saved = list(state_dict["module"])
-        if len(saved) != len(leaves):
-            raise ValueError(f"expected {len(leaves)} leaves, the state_dict has {len(saved)}")
-        for leaf, value in zip(leaves, saved):
-            if np.shape(value) != np.shape(_value(leaf)):
-                raise ValueError(
-                    f"a saved leaf of shape {np.shape(value)} does not fit {np.shape(_value(leaf))}"
+        entries = self._entries()
+        if isinstance(state_dict.get("module"), list | tuple):  # earlier lucid: positional
+            saved_list = list(state_dict["module"])
+            if len(saved_list) != len(leaves):
+                raise RuntimeError(
+                    f"expected {len(leaves)} leaves, the state_dict has {len(saved_list)}"
                 )
-        for i, value in enumerate(saved):
-            if isinstance(leaves[i], Parameter):
-                leaves[i].data = jnp.asarray(value, leaves[i].dtype)
+            saved = {
+                key: saved_list[i] for key, i in entries.items()
+            }  # non-array leaves were saved as they were; they are not loaded
+            saved["n_averaged"] = state_dict.get("n_averaged")
+        else:
+            saved = dict(state_dict)
+        errors = []
+        missing = [k for k in ["n_averaged", *entries] if k not in saved]
+        unexpected = [k for k in saved if k != "n_averaged" and k not in entries]
+        if missing:
+            errors.append(f"Missing key(s) in state_dict: {', '.join(map(repr, missing))}.")
+        if unexpected:
+            errors.append(f"Unexpected key(s) in state_dict: {', '.join(map(repr, unexpected))}.")
+        values: dict[int, Array] = {}
+        for key, i in entries.items():
+            if key not in saved:
+                continue
+            value = _host(saved[key])
+            like = _value(leaves[i])
+            if value.shape != tuple(like.shape):
+                errors.append(
+                    f"size mismatch for {key}: copying a value of shape {value.shape} from "
+                    f"the state_dict, the shape in the averaged model is {tuple(like.shape)}."
+                )
+                continue
+            values[i] = jnp.asarray(value).astype(like.dtype)
+        n_averaged = None
+        if "n_averaged" in saved:
+            n = _host(saved["n_averaged"])
+            if n.shape != () or not np.issubdtype(n.dtype, np.integer) or int(n) < 0:
+                errors.append(
+                    f"n_averaged must be a non-negative integer, but the state_dict holds {n!r}."
+                )
             else:
-                leaves[i] = jnp.asarray(value)
+                n_averaged = jnp.asarray(int(n), jnp.int32)
+        if errors:
+            raise RuntimeError(
+                "Error(s) in loading state_dict for AveragedModel:\n\t" + "\n\t".join(errors)
+            )
+        for i, value in values.items():
+            if isinstance(leaves[i], Parameter):
+                leaves[i].data = self._placed(value)
+            else:
+                leaves[i] = self._placed(value)
         self.module = jax.tree_util.tree_unflatten(self._treedef, leaves)
-        self.n_averaged = jnp.asarray(state_dict["n_averaged"], jnp.int32)
-
-
-def _value(leaf: Any) -> Any:
-    return leaf.data if isinstance(leaf, Parameter) else leaf
+        self.n_averaged = n_averaged
 
 
 def _cosine_anneal(t: float) -> float:

@@ -196,6 +196,9 @@ class FlatStore:
     def add_grads(self, grads: Array, present: np.ndarray) -> None:
         self.accumulate(grads, present)
 
+    def sparse_indices(self, indices: Sequence[int]) -> list[int]:
+        return [i for i in indices if i in self.sparse]
+
     def clear_grads(self, indices: Sequence[int], set_to_none: bool) -> None:
         if len(indices) == len(self.params):
             return self._clear_all(set_to_none)
