@@ -187,9 +187,7 @@ class BnbOptimizer(Optimizer):
                 values[name] = jnp.asarray(array)
             else:
                 if not np.issubdtype(array.dtype, np.floating):
-                    raise ValueError(
-                        f"state {name!r} of parameter {key!r} has dtype {array.dtype}"
-                    )
+                    raise ValueError(f"state {name!r} of parameter {key!r} has dtype {array.dtype}")
                 values[name] = jnp.asarray(array, jnp.float32)
         step = arrays["step"]
         if step.shape != () or not np.isfinite(float(step)) or float(step) != int(step):
@@ -223,8 +221,41 @@ LAMB = _declare("LAMB", "`bnb.optim.LAMB`: Adam with LAMB's trust ratio; `optim_
 LAMB8bit = _declare("LAMB8bit", "`bnb.optim.LAMB8bit`: 8-bit LAMB (its 8-bit kernel is Adam's).")
 LAMB32bit = _declare("LAMB32bit", "`bnb.optim.LAMB32bit`: LAMB with float32 state.")
 
+Lion = _declare("Lion", "`bnb.optim.Lion`: Lion; `optim_bits` 32 or 8.")
+Lion8bit = _declare("Lion8bit", "`bnb.optim.Lion8bit`: Lion with 8-bit block-wise state.")
+Lion32bit = _declare("Lion32bit", "`bnb.optim.Lion32bit`: Lion with float32 state.")
+PagedLion = _declare("PagedLion", "`bnb.optim.PagedLion`." + _PAGED)
+PagedLion8bit = _declare("PagedLion8bit", "`bnb.optim.PagedLion8bit`." + _PAGED)
+PagedLion32bit = _declare("PagedLion32bit", "`bnb.optim.PagedLion32bit`." + _PAGED)
+SGD = _declare("SGD", "`bnb.optim.SGD`: SGD with momentum; `optim_bits` 32 or 8.")
+SGD8bit = _declare("SGD8bit", "`bnb.optim.SGD8bit`: SGD with an 8-bit momentum buffer.")
+SGD32bit = _declare("SGD32bit", "`bnb.optim.SGD32bit`: SGD with a float32 momentum buffer.")
+LARS = _declare("LARS", "`bnb.optim.LARS`: SGD with LARS's trust ratio; `optim_bits` 32 or 8.")
+LARS8bit = _declare("LARS8bit", "`bnb.optim.LARS8bit`: 8-bit LARS (its 8-bit kernel is SGD's).")
+LARS32bit = _declare("LARS32bit", "`bnb.optim.LARS32bit`: LARS with a float32 buffer.")
+RMSprop = _declare("RMSprop", "`bnb.optim.RMSprop`: RMSprop; `optim_bits` 32 or 8.")
+RMSprop8bit = _declare("RMSprop8bit", "`bnb.optim.RMSprop8bit`: RMSprop with 8-bit state.")
+RMSprop32bit = _declare("RMSprop32bit", "`bnb.optim.RMSprop32bit`: RMSprop with float32 state.")
+Adagrad = _declare("Adagrad", "`bnb.optim.Adagrad`: Adagrad; `optim_bits` 32 or 8.")
+Adagrad8bit = _declare("Adagrad8bit", "`bnb.optim.Adagrad8bit`: Adagrad with 8-bit state.")
+Adagrad32bit = _declare("Adagrad32bit", "`bnb.optim.Adagrad32bit`: Adagrad with float32 state.")
+AdEMAMix = _declare("AdEMAMix", "`bnb.optim.AdEMAMix`: AdEMAMix; `optim_bits` 32 or 8.")
+AdEMAMix8bit = _declare("AdEMAMix8bit", "`bnb.optim.AdEMAMix8bit`: AdEMAMix with 8-bit state.")
+AdEMAMix32bit = _declare("AdEMAMix32bit", "`bnb.optim.AdEMAMix32bit`: AdEMAMix, float32 state.")
+PagedAdEMAMix = _declare("PagedAdEMAMix", "`bnb.optim.PagedAdEMAMix`." + _PAGED)
+PagedAdEMAMix8bit = _declare("PagedAdEMAMix8bit", "`bnb.optim.PagedAdEMAMix8bit`." + _PAGED)
+PagedAdEMAMix32bit = _declare("PagedAdEMAMix32bit", "`bnb.optim.PagedAdEMAMix32bit`." + _PAGED)
+
 __all__ = [
     "LAMB",
+    "LARS",
+    "SGD",
+    "AdEMAMix",
+    "AdEMAMix8bit",
+    "AdEMAMix32bit",
+    "Adagrad",
+    "Adagrad8bit",
+    "Adagrad32bit",
     "Adam",
     "Adam8bit",
     "Adam32bit",
@@ -234,10 +265,26 @@ __all__ = [
     "BnbOptimizer",
     "LAMB8bit",
     "LAMB32bit",
+    "LARS8bit",
+    "LARS32bit",
+    "Lion",
+    "Lion8bit",
+    "Lion32bit",
+    "PagedAdEMAMix",
+    "PagedAdEMAMix8bit",
+    "PagedAdEMAMix32bit",
     "PagedAdam",
     "PagedAdam8bit",
     "PagedAdam32bit",
     "PagedAdamW",
     "PagedAdamW8bit",
     "PagedAdamW32bit",
+    "PagedLion",
+    "PagedLion8bit",
+    "PagedLion32bit",
+    "RMSprop",
+    "RMSprop8bit",
+    "RMSprop32bit",
+    "SGD8bit",
+    "SGD32bit",
 ]

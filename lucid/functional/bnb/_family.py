@@ -333,3 +333,14 @@ def max_unorm(default: float) -> Arg:
 def values_of(o: Options, *names: str) -> dict[str, Any]:
     """The named options as hyper-parameters."""
     return {name: o[name] for name in names}
+
+
+def transform(specs: Mapping[str, tuple[Rule, Any]], name: str, prose: str) -> Callable:
+    """The functional form of bitsandbytes' class `name` (snake_case: `paged_adamw8bit`)."""
+    from .._signature import transform_of
+
+    rule, signature = specs[name]
+    factory = name.lower().replace("paged", "paged_")
+    return transform_of(
+        rule, signature, factory, f"`bitsandbytes.optim.{name}` as an optax transformation: {prose}"
+    )

@@ -30,7 +30,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from .._rule import is_zero
-from .._signature import Arg, Example, Signature, betas, eps, lr, transform_of
+from .._signature import Arg, Example, Signature, betas, eps, lr
 from . import _family as F
 
 
@@ -181,27 +181,27 @@ SPECS = {
 """`{bitsandbytes class name: (rule, signature)}` of this family."""
 
 
-def _transform(name: str, prose: str):
-    rule, signature = SPECS[name]
-    return transform_of(
-        rule, signature, name.lower().replace("paged", "paged_"), f"`bitsandbytes.optim.{name}` as "
-        f"an optax transformation: {prose}"
-    )
-
-
 _ADAM = "Adam with decoupled weight decay"
-adam = _transform("Adam", f"{_ADAM}, `optim_bits` 32 or 8.")
-adam8bit = _transform("Adam8bit", f"{_ADAM}, 8-bit block-wise state.")
-adam32bit = _transform("Adam32bit", f"{_ADAM}, float32 state.")
-paged_adam = _transform("PagedAdam", f"{_ADAM} (paging is a no-op in JAX).")
-paged_adam8bit = _transform("PagedAdam8bit", f"{_ADAM}, 8-bit (paging is a no-op in JAX).")
-paged_adam32bit = _transform("PagedAdam32bit", f"{_ADAM}, 32-bit (paging is a no-op in JAX).")
-adamw = _transform("AdamW", f"{_ADAM} (default 1e-2), `optim_bits` 32 or 8.")
-adamw8bit = _transform("AdamW8bit", f"{_ADAM} (default 1e-2), 8-bit block-wise state.")
-adamw32bit = _transform("AdamW32bit", f"{_ADAM} (default 1e-2), float32 state.")
-paged_adamw = _transform("PagedAdamW", f"{_ADAM} (default 1e-2; paging is a no-op in JAX).")
-paged_adamw8bit = _transform("PagedAdamW8bit", f"{_ADAM} (default 1e-2), 8-bit (no paging).")
-paged_adamw32bit = _transform("PagedAdamW32bit", f"{_ADAM} (default 1e-2), 32-bit (no paging).")
-lamb = _transform("LAMB", "Adam with LAMB's trust ratio (32-bit kernel), `optim_bits` 32 or 8.")
-lamb8bit = _transform("LAMB8bit", "LAMB with 8-bit state (its 8-bit kernel is Adam's).")
-lamb32bit = _transform("LAMB32bit", "LAMB with float32 state and the trust ratio.")
+adam = F.transform(SPECS, "Adam", f"{_ADAM}, `optim_bits` 32 or 8.")
+adam8bit = F.transform(SPECS, "Adam8bit", f"{_ADAM}, 8-bit block-wise state.")
+adam32bit = F.transform(SPECS, "Adam32bit", f"{_ADAM}, float32 state.")
+paged_adam = F.transform(SPECS, "PagedAdam", f"{_ADAM} (paging is a no-op in JAX).")
+paged_adam8bit = F.transform(SPECS, "PagedAdam8bit", f"{_ADAM}, 8-bit (paging is a no-op in JAX).")
+paged_adam32bit = F.transform(
+    SPECS, "PagedAdam32bit", f"{_ADAM}, 32-bit (paging is a no-op in JAX)."
+)
+adamw = F.transform(SPECS, "AdamW", f"{_ADAM} (default 1e-2), `optim_bits` 32 or 8.")
+adamw8bit = F.transform(SPECS, "AdamW8bit", f"{_ADAM} (default 1e-2), 8-bit block-wise state.")
+adamw32bit = F.transform(SPECS, "AdamW32bit", f"{_ADAM} (default 1e-2), float32 state.")
+paged_adamw = F.transform(SPECS, "PagedAdamW", f"{_ADAM} (default 1e-2; paging is a no-op in JAX).")
+paged_adamw8bit = F.transform(
+    SPECS, "PagedAdamW8bit", f"{_ADAM} (default 1e-2), 8-bit (no paging)."
+)
+paged_adamw32bit = F.transform(
+    SPECS, "PagedAdamW32bit", f"{_ADAM} (default 1e-2), 32-bit (no paging)."
+)
+lamb = F.transform(
+    SPECS, "LAMB", "Adam with LAMB's trust ratio (32-bit kernel), `optim_bits` 32 or 8."
+)
+lamb8bit = F.transform(SPECS, "LAMB8bit", "LAMB with 8-bit state (its 8-bit kernel is Adam's).")
+lamb32bit = F.transform(SPECS, "LAMB32bit", "LAMB with float32 state and the trust ratio.")
