@@ -14,6 +14,7 @@ unpaged ones (paging is CUDA unified memory; JAX places arrays itself).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -199,9 +200,11 @@ class BnbOptimizer(Optimizer):
 def _declare(name: str, doc: str) -> type[BnbOptimizer]:
     """The class `name` of bitsandbytes, registered for `compile_optimizer`."""
     rule, signature = SPECS[name]
+    example = textwrap.indent(signature.example.optimizer(f"bnb.{name}"), "  ")
+    doc = f"{doc}\n\nExamples:\n{example}"
     cls = type(name, (BnbOptimizer,), {"rule": rule, "__doc__": doc, "__module__": __name__})
     cls.__qualname__ = name
-    return torch_optimizer(signature, reference="bitsandbytes")(cls)
+    return torch_optimizer(signature, step_example=False, reference="bitsandbytes")(cls)
 
 
 _PAGED = " Paging (CUDA unified memory) means nothing in JAX: this is the unpaged class."

@@ -341,6 +341,8 @@ def transform(specs: Mapping[str, tuple[Rule, Any]], name: str, prose: str) -> C
 
     rule, signature = specs[name]
     factory = name.lower().replace("paged", "paged_")
-    return transform_of(
+    made = transform_of(
         rule, signature, factory, f"`bitsandbytes.optim.{name}` as an optax transformation: {prose}"
     )
+    made.__doc__ = made.__doc__.replace(f"LF.{factory}(", f"LF.bnb.{factory}(")
+    return made

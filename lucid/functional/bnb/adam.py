@@ -146,7 +146,9 @@ def _lamb_signature(bits: int | None) -> Signature:
     args += [F.ARGS, F.MIN_8BIT_SIZE, F.max_unorm(1.0)]
     return Signature(
         tuple(args),
-        Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)"),
+        Example(
+            "lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.95     , -1.9499999], dtype=float32)"
+        ),
         complete=_complete,
     )
 

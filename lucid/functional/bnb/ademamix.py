@@ -156,7 +156,9 @@ def _signature(bits: int | None, paged_arg: bool) -> Signature:
     args.append(F.MIN_8BIT_SIZE)
     if paged_arg:
         args.append(F.IS_PAGED)
-    example = Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)")
+    example = Example(
+        "lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.899, -1.898], dtype=float32)"
+    )
     return Signature(tuple(args), example)
 
 

@@ -78,7 +78,7 @@ def _signature(bits: int | None) -> Signature:
     if bits is None:
         args.append(F.optim_bits(32))
     args += [F.ARGS, F.MIN_8BIT_SIZE]
-    example = Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)")
+    example = Example("lr=0.01", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)")
     return Signature(tuple(args), example, complete=_complete)
 
 
