@@ -236,7 +236,8 @@ def trust_ratio(update: Array, p: Array, h: Mapping[str, Array], flags: Mapping[
         return 1.0, None
     unorm = jnp.sqrt(jnp.sum(update * update))
     bound = h["max_unorm"] * jnp.sqrt(jnp.sum(p * p))
-    scale = jnp.where(unorm > bound, bound / jnp.where(unorm > bound, unorm, 1.0), 1.0)
+    one = jnp.ones((), jnp.float32)
+    scale = jnp.where(unorm > bound, bound / jnp.where(unorm > bound, unorm, one), one)
     return scale, unorm
 
 

@@ -187,14 +187,15 @@ def quantize_blockwise(x: Array, signed: bool = True) -> tuple[Array, Array]:
     x = jnp.asarray(x, jnp.float32)
     blocks = _as_blocks(x)
     magnitude = jnp.abs(blocks)
-    absmax = jnp.max(jnp.where(jnp.isnan(magnitude), 0.0, magnitude), axis=1)
+    absmax = jnp.max(jnp.where(jnp.isnan(magnitude), jnp.float32(0), magnitude), axis=1)
     inverse = 1.0 / absmax
-    y = jnp.clip(blocks * inverse[:, None], -1.0, 1.0)
+    one = jnp.float32(1.0)
+    y = jnp.clip(blocks * inverse[:, None], -one, one)
     # bitsandbytes' index computation, (y + 1) * 0.5 * 65535 + 0.5 truncated (a fused
     # multiply-add in its kernel, as XLA emits it on the CPU)
     position = ((y + 1.0) * 0.5) * float(_LUT_SIZE - 1) + 0.5
     bad = jnp.isnan(position) | (absmax[:, None] == 0)
-    index = jnp.where(bad, 0, position).astype(jnp.int32)
+    index = jnp.where(bad, jnp.float32(0), position).astype(jnp.int32)
     codes = jnp.asarray(_LUTS[signed])[index]
     codes = jnp.where(bad, jnp.uint8(0), codes)
     codes = codes.reshape(-1)[: x.size].reshape(x.shape)
