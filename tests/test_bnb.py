@@ -274,6 +274,30 @@ def test_a_float32_step_has_no_float64_and_no_host_callback():
     assert "f64" not in text and "callback" not in text
 
 
+@pytest.mark.parametrize("name", ["AdamW8bit", "Lion8bit", "AdamW"])
+def test_bfloat16_parameters_are_updated_as_bitsandbytes_updates_them(name):
+    """bitsandbytes computes in float32 and writes the parameter back in bfloat16: the
+    same bits here."""
+    big, _, grads = _data(7)
+    t_param = torch.nn.Parameter(torch.from_numpy(big.copy()).bfloat16())
+    l_param = lucid.Parameter(jnp.asarray(big).astype(jnp.bfloat16))
+    t_opt, l_opt = getattr(bnb.optim, name)([t_param]), getattr(LB, name)([l_param])
+    for g, _ in grads[:8]:
+        t_param.grad = torch.from_numpy(g.copy()).bfloat16()
+        l_param.grad = jnp.asarray(g).astype(jnp.bfloat16)
+        t_opt.step()
+        l_opt.step()
+    assert l_param.data.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(
+        np.asarray(l_param.data.astype(jnp.float32)), t_param.detach().float().numpy()
+    )
+    state = l_opt.state[l_param]
+    assert state["state1"].dtype == (jnp.uint8 if "8bit" in name else jnp.float32)
+    np.testing.assert_array_equal(
+        np.asarray(state["state1"]), t_opt.state[t_param]["state1"].numpy()
+    )
+
+
 # ---------------------------------------------------------------------- checkpoints
 @pytest.mark.parametrize("name", ["AdamW8bit", "AdEMAMix8bit", "Lion8bit", "LAMB", "RMSprop8bit"])
 def test_checkpoints_move_both_ways_in_bitsandbytes_format(name):
@@ -422,3 +446,10 @@ def test_errors_are_bitsandbytes(name, kwargs, error, message, when):
             opt.step()
         now = np.asarray(p.data) if module is LB else p.detach().numpy()
         np.testing.assert_array_equal(now, before)
+
+
+def test_the_args_object_is_refused_with_a_clear_error():
+    """bitsandbytes' `args` bundles `optim_bits`, `min_8bit_size`, ...; lucid takes them as
+    keywords only (documented), and says so before anything is made."""
+    with pytest.raises(TypeError, match="pass optim_bits and min_8bit_size"):
+        LB.Adam8bit([lucid.Parameter(jnp.ones(8))], args=object())
