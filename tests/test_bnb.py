@@ -243,6 +243,32 @@ def test_the_compiled_step_gives_the_eager_numbers(name):
                 np.testing.assert_allclose(np.asarray(other), np.asarray(value), rtol=1e-5)
 
 
+def test_fused_step_gives_the_eager_numbers():
+    def loss_fn(params, x):
+        w, b = params
+        return jnp.sum(jnp.tanh(x @ w) ** 2) + jnp.sum(b**2)
+
+    x = jnp.asarray(np.random.default_rng(8).standard_normal((4, BIG[0])), jnp.float32)
+    results = []
+    for fused in (True, False):
+        params = [lucid.Parameter(jnp.ones(BIG)), lucid.Parameter(jnp.ones(SMALL))]
+        opt = LB.AdamW8bit(params, lr=1e-2)
+        step = lucid.optim.fused_step(loss_fn, opt) if fused else None
+        for _ in range(4):
+            if fused:
+                step(params, x)
+            else:
+                opt.zero_grad()
+                lucid.backward(loss_fn, params, x)
+                opt.step()
+        results.append((params, opt))
+    (fp, fo), (ep, eo) = results
+    for a, b in zip(fp, ep):
+        np.testing.assert_allclose(np.asarray(a.data), np.asarray(b.data), atol=1e-6)
+    assert_codes_match(fo.state[fp[0]]["state1"], eo.state[ep[0]]["state1"])
+    assert_codes_match(fo.state[fp[0]]["state2"], eo.state[ep[0]]["state2"])
+
+
 def test_the_functional_transform_under_jit_gives_the_class_numbers():
     big, small, grads = _data(4)
     tx = LF.bnb.adamw8bit(lr=1e-3, weight_decay=0.05)
