@@ -243,6 +243,28 @@ def test_the_compiled_step_gives_the_eager_numbers(name):
                 np.testing.assert_allclose(np.asarray(other), np.asarray(value), rtol=1e-5)
 
 
+def test_edits_of_the_groups_reach_the_next_step_as_in_bitsandbytes():
+    """bitsandbytes reads `lr`, `betas`, `eps` and `weight_decay` from the group at every
+    step (a scheduler's edits); so does lucid's compiled step."""
+    big, small, grads = _data(9)
+    t_params = [torch.nn.Parameter(torch.from_numpy(x.copy())) for x in (big, small)]
+    l_params = [lucid.Parameter(jnp.asarray(x)) for x in (big, small)]
+    t_opt = bnb.optim.AdamW8bit(t_params, lr=1e-3)
+    l_opt = LB.AdamW8bit(l_params, lr=1e-3)
+    compiled = lucid.compile_optimizer(l_opt)
+    for i, g in enumerate(grads[:8]):
+        if i == 4:
+            for group in (t_opt.param_groups[0], l_opt.param_groups[0]):
+                group.update(lr=3e-3, betas=(0.8, 0.99), weight_decay=0.1)
+        for tp, lp, x in zip(t_params, l_params, g):
+            tp.grad, lp.grad = torch.from_numpy(x.copy()), jnp.asarray(x)
+        t_opt.step()
+        compiled.step()
+    for tp, lp in zip(t_params, l_params):
+        np.testing.assert_allclose(np.asarray(lp.data), tp.detach().numpy(), atol=PARAM_ATOL)
+        assert_states_match("AdamW8bit", t_opt.state[tp], l_opt.state[lp])
+
+
 def test_fused_step_gives_the_eager_numbers():
     def loss_fn(params, x):
         w, b = params
