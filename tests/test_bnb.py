@@ -388,6 +388,26 @@ def test_checkpoints_move_both_ways_in_bitsandbytes_format(name):
         assert_states_match(name, t_new.state[tp], l_opt.state[lp])
 
 
+def test_a_lucid_checkpoint_resumes_in_lucid_eager_or_compiled():
+    big, small, grads = _data(10)
+    opt, params = _lucid_run("AdEMAMix8bit", {"lr": 1e-3}, big, small, grads, steps=4)
+    saved = opt.state_dict()
+    copies = [lucid.Parameter(jnp.array(p.data)) for p in params]
+    resumed = LB.AdEMAMix8bit(_groups(copies, {"lr": 1e-3}), lr=1e-3)
+    resumed.load_state_dict(saved)
+    compiled = lucid.compile_optimizer(resumed)
+    for g in grads[4:7]:
+        for p, c, x in zip(params, copies, g):
+            p.grad, c.grad = jnp.asarray(x), jnp.asarray(x)
+        opt.step()
+        compiled.step()
+    for p, c in zip(params, copies):
+        np.testing.assert_allclose(np.asarray(c.data), np.asarray(p.data), atol=1e-6)
+        for key, value in opt.state[p].items():
+            if np.asarray(value).dtype == np.uint8:
+                assert_codes_match(resumed.state[c][key], value)
+
+
 def test_a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing():
     big, small, grads = _data(6)
     opt, _ = _lucid_run("Adam8bit", {}, big, small, grads, steps=2)
