@@ -45,8 +45,10 @@ MODULES = [
     "lucid.optim.lr_scheduler",
     "lucid.optim.swa_utils",
     "lucid.optim.checkpoint",
+    "lucid.optim.bnb",
     "lucid.functional",
     "lucid.functional.schedules",
+    "lucid.functional.bnb",
     "lucid.nn",
     "lucid.nn.utils",
 ]

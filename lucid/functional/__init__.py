@@ -7,7 +7,7 @@ weight averages, and [clip_grad_norm][lucid.functional.clip_grad_norm] torch's
 gradient clipping as a transform.
 """
 
-from . import averaging, schedules
+from . import averaging, bnb, schedules
 from ._rule import Rule
 from .adadelta import AdadeltaState, adadelta
 from .adafactor import AdafactorState, adafactor
@@ -49,6 +49,7 @@ __all__ = [
     "adamw",
     "asgd",
     "averaging",
+    "bnb",
     "clip_grad_norm",
     "lbfgs",
     "muon",

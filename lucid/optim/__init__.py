@@ -8,7 +8,7 @@ step as one compiled executable; [lucid.optim.checkpoint][] saves sharded
 state with orbax.
 """
 
-from . import lr_scheduler, swa_utils
+from . import bnb, lr_scheduler, swa_utils
 from ._torch_format import to_torch
 from .adadelta import Adadelta
 from .adafactor import Adafactor
@@ -82,6 +82,7 @@ __all__ = [
     "SequentialLR",
     "SparseAdam",
     "StepLR",
+    "bnb",
     "compile_optimizer",
     "fused_step",
     "lr_scheduler",
