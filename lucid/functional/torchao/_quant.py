@@ -90,7 +90,7 @@ def dynamic_map(signed: bool, exponent_bits: int, total_bits: int) -> np.ndarray
     return table
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def qmap(bits: int, signed: bool) -> np.ndarray:
     """torchao's code map for ``bits``-bit state (8 or 4), signed or unsigned.
 

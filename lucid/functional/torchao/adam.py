@@ -57,7 +57,8 @@ from .._signature import (
     transform_of,
     weight_decay,
 )
-from ._quant import FP8, bf16_stochastic_round, dequantize, quantize
+from ._quant import FP8, dequantize, quantize
+from ._quant import bf16_stochastic_round as round_bf16_stochastically
 
 QUANTIZE_MIN_SIZE = 4096
 """torchao quantizes a tensor's state only from this many elements on."""
@@ -240,7 +241,7 @@ def _update(
     rng = state.rng
     if bf16_stochastic_round and np.dtype(storage_dtype) == jnp.bfloat16 and rng is not None:
         rng, draw = jax.random.split(rng)
-        p = bf16_stochastic_round(p, draw).astype(f32)
+        p = round_bf16_stochastically(p, draw).astype(f32)
     new = LowBitAdamState(step, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale, rng)
     return p, new
 
@@ -359,21 +360,15 @@ def _prose(torchao_name: str, form: str, adamw: bool) -> str:
     )
 
 
-adam8bit = transform_of(
-    ADAM8BIT, ADAM8BIT_SIGNATURE, "adam8bit", _prose("Adam8bit", "8bit", False)
-)
+adam8bit = transform_of(ADAM8BIT, ADAM8BIT_SIGNATURE, "adam8bit", _prose("Adam8bit", "8bit", False))
 adamw8bit = transform_of(
     ADAMW8BIT, ADAMW8BIT_SIGNATURE, "adamw8bit", _prose("AdamW8bit", "8bit", True)
 )
-adam4bit = transform_of(
-    ADAM4BIT, ADAM4BIT_SIGNATURE, "adam4bit", _prose("Adam4bit", "4bit", False)
-)
+adam4bit = transform_of(ADAM4BIT, ADAM4BIT_SIGNATURE, "adam4bit", _prose("Adam4bit", "4bit", False))
 adamw4bit = transform_of(
     ADAMW4BIT, ADAMW4BIT_SIGNATURE, "adamw4bit", _prose("AdamW4bit", "4bit", True)
 )
 adam_fp8 = transform_of(ADAMFP8, ADAMFP8_SIGNATURE, "adam_fp8", _prose("AdamFp8", "fp8", False))
-adamw_fp8 = transform_of(
-    ADAMWFP8, ADAMWFP8_SIGNATURE, "adamw_fp8", _prose("AdamWFp8", "fp8", True)
-)
+adamw_fp8 = transform_of(ADAMWFP8, ADAMWFP8_SIGNATURE, "adamw_fp8", _prose("AdamWFp8", "fp8", True))
 
 RULES = {rule.name: rule for rule in FORM_OF}
