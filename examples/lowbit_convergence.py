@@ -1,6 +1,8 @@
 """Train one small MLP with 32-bit AdamW and torchao's 8-bit, 4-bit and fp8 AdamW; plot the losses.
 
-    python examples/lowbit_convergence.py [output.png]   # default: docs/assets/lowbit_convergence.png
+    python examples/lowbit_convergence.py [output.png]
+
+(default output: docs/assets/lowbit_convergence.png).
 
 The task is a teacher-student regression: a random two-layer tanh network (the
 teacher) labels 512 Gaussian inputs of 64 features, and a student of the same
