@@ -134,8 +134,11 @@ def nearest_codes(x: Array, table: np.ndarray) -> Array:
     """
     table_j = jnp.asarray(table)
     size = table.size
-    codes = jnp.zeros(x.shape, jnp.int32)
     half = size // 2
+    # the first probe is one constant (a gather at constant indices would be folded
+    # into a constant as large as x)
+    codes = jnp.where(x >= jnp.float32(table[half]), half, 0).astype(jnp.int32)
+    half //= 2
     while half >= 1:
         codes = codes + jnp.where(x >= jnp.take(table_j, codes + half), half, 0)
         half //= 2
