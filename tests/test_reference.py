@@ -49,6 +49,8 @@ MODULES = [
     "lucid.functional.schedules",
     "lucid.nn",
     "lucid.nn.utils",
+    "lucid.optim.torchao",
+    "lucid.functional.torchao",
 ]
 
 

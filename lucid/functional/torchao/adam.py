@@ -37,6 +37,7 @@ infinite parameter becomes NaN, as in torchao).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -113,6 +114,11 @@ def is_quantized(size: int, block_size: int) -> bool:
 
     Returns:
       Whether its moments are stored quantized.
+
+    Examples:
+      >>> from lucid.functional.torchao import is_quantized
+      >>> is_quantized(4096, 256), is_quantized(4100, 256), is_quantized(2048, 128)
+      (True, False, False)
     """
     return size >= QUANTIZE_MIN_SIZE and size % block_size == 0
 
@@ -316,11 +322,22 @@ def _block(default: int) -> Arg:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Example(Example):
+    """The signature's example, written with the ``torchao`` namespaces."""
+
+    def transform(self, factory: str) -> str:
+        return super().transform(f"torchao.{factory}")
+
+    def optimizer(self, cls: str) -> str:
+        return super().optimizer(f"torchao.{cls}")
+
+
 def _signature(block: int, adamw: bool) -> Signature:
     example = (
-        Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.899, -1.898], dtype=float32)")
+        _Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.899, -1.898], dtype=float32)")
         if adamw
-        else Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)")
+        else _Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)")
     )
     return Signature(
         (
