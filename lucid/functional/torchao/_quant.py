@@ -170,7 +170,7 @@ def quantize(x: Array, form: str, signed: bool, block_size: int) -> tuple[Array,
       >>> codes.dtype, codes.shape, scale.tolist()
       (dtype('uint8'), (4,), [1.0, 2.0])
       >>> [round(v, 3) for v in dequantize(codes, scale, "4bit", True, x.shape).tolist()[:4]]
-      [-0.888, -0.662, -0.078, 0.212]
+      [-0.887, -0.663, -0.078, 0.212]
     """
     blocks = x.astype(jnp.float32).reshape(-1, block_size)
     scale = _scale(blocks)
