@@ -17,9 +17,9 @@ import os
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-import jax.numpy as jnp  # noqa: E402
+import jax.numpy as jnp
 
-import lucid  # noqa: E402
+import lucid
 
 CASES = [
     ("AdamW", {}, lucid.optim.AdamW),
