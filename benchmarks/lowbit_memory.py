@@ -72,12 +72,15 @@ def main() -> None:
     for name, options, cls in CASES:
         mine = lucid_bytes(cls, options, shape)
         theirs = torchao_bytes(name, options, shape)
-        block = options.get("block_size") or {
-            "AdamW": "-",
-            "AdamW8bit": 256,
-            "AdamWFp8": 256,
-            "AdamW4bit": 128,
-        }[name]
+        block = (
+            options.get("block_size")
+            or {
+                "AdamW": "-",
+                "AdamW8bit": 256,
+                "AdamWFp8": 256,
+                "AdamW4bit": 128,
+            }[name]
+        )
         shown = "-" if theirs is None else f"{theirs:.4f}"
         print(f"| {name} | {block} | {mine:.4f} | {shown} |")
 

@@ -480,6 +480,30 @@ def test_compiled_step_gives_eager_numbers(name):
     chex_equal(e_sd["state"], c_sd["state"])
 
 
+def test_fused_step_gives_eager_numbers():
+    def loss(tree, x):
+        return jnp.sum(jnp.tanh(tree[0] * x) ** 2) + jnp.sum(tree[1] ** 2)
+
+    x = jnp.asarray(_grads([BIG], 1)[0][0])
+    runs = []
+    for fused in (False, True):
+        params = [lucid.Parameter(jnp.asarray(v)) for v in _init([BIG, SMALL])]
+        opt = lucid.optim.torchao.AdamW8bit(params, lr=1e-2)
+        step = lucid.optim.fused_step(loss, opt) if fused else None
+        for _ in range(3):
+            if fused:
+                step(params, x)
+            else:
+                opt.zero_grad()
+                lucid.backward(loss, params, x)
+                opt.step()
+        runs.append((params, opt.state_dict()["state"]))
+    for a, b in zip(runs[0][0], runs[1][0]):
+        np.testing.assert_allclose(np.asarray(a.data), np.asarray(b.data), rtol=1e-6, atol=1e-7)
+    codes = [np.asarray(r[1][0]["exp_avg"]["codes"]) for r in runs]
+    assert np.mean(codes[0] != codes[1]) <= FLIP_RATE
+
+
 def chex_equal(a: Any, b: Any) -> None:
     leaves_a, tree_a = jax.tree_util.tree_flatten(a)
     leaves_b, tree_b = jax.tree_util.tree_flatten(b)
