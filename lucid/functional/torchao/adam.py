@@ -64,8 +64,6 @@ from ._quant import bf16_stochastic_round as round_bf16_stochastically
 QUANTIZE_MIN_SIZE = 4096
 """torchao quantizes a tensor's state only from this many elements on."""
 
-FORMS = ("8bit", "4bit", "fp8")
-
 
 class LowBitAdamState(NamedTuple):
     """The state of torchao's low-bit Adam for one parameter (torchao's names).
