@@ -24,6 +24,7 @@ Dequantization is ``map[c] * s`` (fp8: ``float(c) * s``).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -122,8 +123,88 @@ def _scale(blocks: Array) -> Array:
     return jnp.maximum(jnp.max(jnp.abs(blocks), axis=-1), jnp.float32(SCALE_FLOOR))
 
 
+def _ordered(bits: Any) -> Any:
+    """float32 bit patterns (int32) as integers in the order of the floats they encode
+    (``-0.0`` and ``0.0`` alike); works on NumPy and jax arrays."""
+    return _where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+def _where(condition: Any, a: Any, b: Any) -> Any:
+    module = np if isinstance(condition, np.ndarray | np.generic | bool) else jnp
+    return module.where(condition, a, b)
+
+
+def thresholds(table: np.ndarray) -> np.ndarray:
+    """Where torchao's rule moves from one code to the next, as float32 values.
+
+    torchao's code of ``x`` is the largest ``c`` with ``map[c] <= x``, plus one when
+    ``x - map[c] >= (map[c+1] - map[c]) * 0.5`` in float32. Both tests are monotone in
+    ``x``, so the code is the number of thresholds ``t_c <= x``, ``t_c`` the smallest
+    float32 ``x >= map[c]`` that rounds up (found exactly, by bisection over float32).
+
+    Args:
+      table: a code map (`qmap`), increasing.
+
+    Returns:
+      ``table.size - 1`` increasing float32 thresholds.
+    """
+    out = np.empty(table.size - 1, np.float32)
+    for c in range(table.size - 1):
+        a, b = table[c], table[c + 1]
+        half = np.float32(np.float32(b - a) * np.float32(0.5))
+        low, high = int(_ordered(a.view(np.int32))), int(_ordered(b.view(np.int32)))
+        while low < high:  # the smallest ordinal in [a, b] whose value rounds up
+            middle = (low + high) // 2
+            if np.float32(_from_ordered(middle) - a) >= half:
+                high = middle
+            else:
+                low = middle + 1
+        out[c] = _from_ordered(low)
+    return out
+
+
+def _from_ordered(ordinal: int) -> np.float32:
+    bits = ordinal if ordinal >= 0 else (-ordinal) | -(2**31)
+    return np.array(bits, np.int32).view(np.float32)[()]
+
+
+_RANGE = 1.5  # scaled values lie in [-1, 1] (an ulp more after XLA's reciprocal)
+
+
+@functools.cache
+def _lookup(bits: int, signed: bool) -> tuple[int, int, np.ndarray]:
+    """A bucket table over float32 ordinals: ``(shift, first bucket, rows)``, each row
+    ``(thresholds below the bucket, its first threshold, its second)`` (``inf`` for
+    none), with the shift chosen so that no bucket holds more than two thresholds."""
+    cuts = thresholds(qmap(bits, signed))
+    ordinals = _ordered(cuts.view(np.int32)).astype(np.int64)
+    low = int(_ordered(np.float32(-_RANGE).view(np.int32)))
+    high = int(_ordered(np.float32(_RANGE).view(np.int32)))
+    for shift in range(24, 0, -1):
+        buckets = ordinals >> shift
+        if np.unique(buckets, return_counts=True)[1].max() <= 2:
+            break
+    first = low >> shift
+    rows = (high >> shift) - first + 1
+    index = np.arange(rows) + first
+    below = np.searchsorted(buckets, index, side="left")
+    table = np.full((rows, 3), np.inf, np.float32)
+    table[:, 0] = below
+    for column in (1, 2):
+        at = below + column - 1
+        inside = (at < cuts.size) & (buckets[np.minimum(at, cuts.size - 1)] == index)
+        table[inside, column] = cuts[at[inside]]
+    table.setflags(write=False)
+    return shift, first, table
+
+
 def nearest_codes(x: Array, table: np.ndarray) -> Array:
-    """torchao's code of each (scaled) value: binary search, then round half up.
+    """torchao's code of each (scaled) value: the largest code whose map value is at
+    most ``x`` (code 0 when none is, NaN included), rounded half up to the next.
+
+    Computed as the number of `thresholds` at most ``x``: one lookup in a table of
+    float32 buckets (each holding at most two thresholds) and two comparisons, the
+    same codes as torchao's eight-step binary search and rounding.
 
     Args:
       x: float32 values, in ``[-1, 1]`` after scaling.
@@ -132,19 +213,13 @@ def nearest_codes(x: Array, table: np.ndarray) -> Array:
     Returns:
       int32 codes, shaped as ``x``.
     """
-    table_j = jnp.asarray(table)
-    size = table.size
-    half = size // 2
-    # the first probe is one constant (a gather at constant indices would be folded
-    # into a constant as large as x)
-    codes = jnp.where(x >= jnp.float32(table[half]), half, 0).astype(jnp.int32)
-    half //= 2
-    while half >= 1:
-        codes = codes + jnp.where(x >= jnp.take(table_j, codes + half), half, 0)
-        half //= 2
-    up = jnp.minimum(codes + 1, size - 1)
-    below, above = jnp.take(table_j, codes), jnp.take(table_j, up)
-    return jnp.where(x - below >= (above - below) * jnp.float32(0.5), up, codes)
+    bits, signed = (8 if table.size == 256 else 4), bool(table[0] < 0)
+    shift, first, rows = _lookup(bits, signed)
+    clipped = jnp.clip(x.astype(jnp.float32), -_RANGE, _RANGE)
+    ordinal = _ordered(jax.lax.bitcast_convert_type(clipped, jnp.int32))
+    row = jnp.take(jnp.asarray(rows), (ordinal >> shift) - first, axis=0, mode="clip")
+    count = row[..., 0] + (x >= row[..., 1]) + (x >= row[..., 2])
+    return jnp.where(jnp.isnan(x), 0, count.astype(jnp.int32))
 
 
 def quantize(x: Array, form: str, signed: bool, block_size: int) -> tuple[Array, Array]:

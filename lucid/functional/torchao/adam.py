@@ -45,7 +45,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate
-from .._math import lerp
 from .._rule import Rule
 from .._signature import (
     KEYWORD_ONLY,
@@ -200,6 +199,16 @@ def _store(value: Any, scale: Any, form: str, signed: bool, block_size: int) -> 
     if scale is None:
         return value, None
     return quantize(value, form, signed, block_size)
+
+
+def lerp(start: Any, end: Any, weight: Any) -> Any:
+    """torch's ``lerp`` (``start + w (end - start)`` for ``w < 0.5``, else ``end - (end -
+    start)(1 - w)``), the branch taken once for the scalar ``weight`` (a select per
+    element would make XLA compute the dequantized ``start`` once per use)."""
+    diff = end - start
+    return jax.lax.cond(
+        weight < 0.5, lambda: start + weight * diff, lambda: end - diff * (1 - weight)
+    )
 
 
 def _update(
