@@ -1,4 +1,4 @@
-"""Bytes of optimizer state per parameter: lucid's torchao optimizers, measured from the arrays.
+"""Bytes of state per parameter and step time: lucid's torchao optimizers, from the arrays.
 
     python benchmarks/lowbit_memory.py [--rows 4096] [--cols 1024]
 
@@ -7,16 +7,20 @@ compiled step and the state it then holds is summed over its arrays
 (``state_bytes_per_device``: codes, scales and the 4-byte step). With torchao
 installed (and ``TORCHDYNAMO_DISABLE=1``), torchao's own state after one step is
 measured the same way (codes, scales and the code map each of its state tensors
-carries). Prints a Markdown table.
+carries). The step time is the median of ``--repeats`` compiled steps after one
+warm-up step (the first compiles). Prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import time
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
+import jax
 import jax.numpy as jnp
 
 import lucid
@@ -30,13 +34,21 @@ CASES = [
 ]
 
 
-def lucid_bytes(cls: type, options: dict, shape: tuple[int, int]) -> float:
-    """State bytes per parameter after one compiled step."""
+def lucid_bytes(cls: type, options: dict, shape: tuple[int, int], repeats: int) -> tuple:
+    """State bytes per parameter after one compiled step, and the median step time (ms)."""
     w = lucid.Parameter(jnp.zeros(shape, jnp.float32))
     compiled = lucid.compile_optimizer(cls([w], **options))
-    w.grad = jnp.ones(shape, jnp.float32)
+    w.grad = jax.random.normal(jax.random.PRNGKey(0), shape, jnp.float32)
     compiled.step()
-    return sum(compiled.state_bytes_per_device().values()) / (shape[0] * shape[1])
+    jax.block_until_ready(w.data)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        compiled.step()
+        jax.block_until_ready(w.data)
+        times.append(1e3 * (time.perf_counter() - start))
+    size = shape[0] * shape[1]
+    return sum(compiled.state_bytes_per_device().values()) / size, statistics.median(times)
 
 
 def torchao_bytes(name: str, options: dict, shape: tuple[int, int]) -> float | None:
@@ -64,13 +76,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--cols", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     shape = (args.rows, args.cols)
-    print(f"one float32 parameter of {shape[0]} x {shape[1]} elements\n")
-    print("| optimizer | block | lucid B/param | torchao B/param |")
-    print("| --- | --- | --- | --- |")
+    print(f"one float32 parameter of {shape[0]} x {shape[1]} elements, {jax.devices()[0]}\n")
+    print("| optimizer | block | lucid B/param | torchao B/param | lucid step (ms) |")
+    print("| --- | --- | --- | --- | --- |")
     for name, options, cls in CASES:
-        mine = lucid_bytes(cls, options, shape)
+        mine, ms = lucid_bytes(cls, options, shape, args.repeats)
         theirs = torchao_bytes(name, options, shape)
         block = (
             options.get("block_size")
@@ -82,7 +95,7 @@ def main() -> None:
             }[name]
         )
         shown = "-" if theirs is None else f"{theirs:.4f}"
-        print(f"| {name} | {block} | {mine:.4f} | {shown} |")
+        print(f"| {name} | {block} | {mine:.4f} | {shown} | {ms:.1f} |")
 
 
 if __name__ == "__main__":
