@@ -51,6 +51,8 @@ MODULES = [
     "lucid.functional.bnb",
     "lucid.nn",
     "lucid.nn.utils",
+    "lucid.optim.torchao",
+    "lucid.functional.torchao",
 ]
 
 

@@ -7,7 +7,7 @@ weight averages, and [clip_grad_norm][lucid.functional.clip_grad_norm] torch's
 gradient clipping as a transform.
 """
 
-from . import averaging, bnb, schedules
+from . import averaging, bnb, schedules, torchao
 from ._rule import Rule
 from .adadelta import AdadeltaState, adadelta
 from .adafactor import AdafactorState, adafactor
@@ -60,4 +60,5 @@ __all__ = [
     "schedules",
     "sgd",
     "sparse_adam",
+    "torchao",
 ]

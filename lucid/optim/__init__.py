@@ -8,7 +8,7 @@ step as one compiled executable; [lucid.optim.checkpoint][] saves sharded
 state with orbax.
 """
 
-from . import bnb, lr_scheduler, swa_utils
+from . import bnb, lr_scheduler, swa_utils, torchao
 from ._torch_format import to_torch
 from .adadelta import Adadelta
 from .adafactor import Adafactor
@@ -88,4 +88,5 @@ __all__ = [
     "lr_scheduler",
     "swa_utils",
     "to_torch",
+    "torchao",
 ]

@@ -1,0 +1,398 @@
+"""torchao's low-bit Adam and AdamW (``torchao.optim.Adam8bit`` ... ``AdamWFp8``).
+
+torchao's ``single_param_adam``, in float32 whatever the parameter's dtype. With
+``g`` the gradient, ``t`` the step, ``Q``/``D`` the block-wise quantization and
+dequantization of `lucid.functional.torchao.quantize` (the identity for a small
+tensor), and ``m̂, v̂`` the stored (quantized) moments:
+
+$$
+\\begin{aligned}
+g &\\leftarrow g + \\lambda p
+    \\quad\\text{or, AdamW,}\\quad p \\leftarrow p - (\\gamma\\lambda)\\, p \\\\
+m &= \\mathrm{lerp}(D(\\hat m), g, 1-\\beta_1), \\qquad
+v = \\mathrm{lerp}(D(\\hat v), g^2, 1-\\beta_2), \\qquad
+\\hat m \\leftarrow Q(m),\\ \\hat v \\leftarrow Q(v) \\\\
+u &= \\max(D(\\hat u), v),\\ \\hat u \\leftarrow Q(u)
+    \\text{ (amsgrad; the update then uses } u \\text{ for } v) \\\\
+p &\\leftarrow p - \\gamma\\,\\frac{m}{1-\\beta_1^t}
+    \\Big/ \\Big(\\frac{\\sqrt{v}}{\\sqrt{1-\\beta_2^t}} + \\epsilon\\Big)
+\\end{aligned}
+$$
+
+The update uses the float32 moments of this step (``m``, ``v``), not their
+quantized copies, as torchao does; the bias corrections are float32
+(``1 - beta**t`` with a float32 ``t``), and ``lerp`` is torch's. A tensor is
+quantized when it has at least 4096 elements and its size is a multiple of
+``block_size``; any other keeps full-precision moments in the parameter's dtype
+(torchao's exception, after bitsandbytes). The new parameter is rounded to its
+dtype to nearest, or, for bfloat16 parameters with ``bf16_stochastic_round``,
+stochastically (`bf16_stochastic_round`).
+
+Two points where torchao's code decides differently from torch.optim's Adam, and
+lucid follows torchao: whether AMSGrad applies is read from the state (a
+``max_exp_avg_sq`` made when the state was created), not from the current
+``amsgrad`` option; and ``weight_decay`` is applied even when it is zero (so an
+infinite parameter becomes NaN, as in torchao).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _validate
+from .._rule import Rule
+from .._signature import (
+    KEYWORD_ONLY,
+    Arg,
+    Example,
+    Signature,
+    betas,
+    eps,
+    lr,
+    transform_of,
+    weight_decay,
+)
+from ._quant import FP8, dequantize, quantize
+from ._quant import bf16_stochastic_round as round_bf16_stochastically
+
+QUANTIZE_MIN_SIZE = 4096
+"""torchao quantizes a tensor's state only from this many elements on."""
+
+
+class LowBitAdamState(NamedTuple):
+    """The state of torchao's low-bit Adam for one parameter (torchao's names).
+
+    A quantized moment is two fields: ``<name>`` holds the codes and
+    ``<name>_scale`` the per-block float32 scales (torchao's
+    ``OptimState8bit/4bit/Fp8`` ``codes`` and ``scale``). A small tensor's moment
+    is ``<name>`` in full precision (the parameter's dtype), its scale `None`.
+
+    Attributes:
+      step: updates done (float32).
+      exp_avg: m: ``uint8`` codes shaped as the parameter (8 bits), ``uint8`` of
+        half the parameter's size (4 bits, two codes a byte), ``float8_e4m3fn``
+        shaped as the parameter (fp8), or the full-precision moment.
+      exp_avg_scale: m's scales (``size // block_size`` float32), or `None`.
+      exp_avg_sq: v, stored as ``exp_avg`` is (with the unsigned code map).
+      exp_avg_sq_scale: v's scales, or `None`.
+      max_exp_avg_sq: the running maximum of v (AMSGrad, when the state was made
+        with ``amsgrad``), else `None`.
+      max_exp_avg_sq_scale: its scales, or `None`.
+      rng: for bfloat16 parameters, the ``uint32[2]`` PRNG key of the stochastic
+        rounding (lucid's; torchao uses torch's global generator); else `None`.
+    """
+
+    step: Any
+    exp_avg: Any
+    exp_avg_scale: Any
+    exp_avg_sq: Any
+    exp_avg_sq_scale: Any
+    max_exp_avg_sq: Any
+    max_exp_avg_sq_scale: Any
+    rng: Any
+
+
+MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+SIGNED = {"exp_avg": True, "exp_avg_sq": False, "max_exp_avg_sq": False}
+
+
+def is_quantized(size: int, block_size: int) -> bool:
+    """torchao's rule: a tensor's state is quantized iff it has at least 4096 elements
+    and its size is a multiple of ``block_size``.
+
+    Args:
+      size: the parameter's number of elements.
+      block_size: elements per scale.
+
+    Returns:
+      Whether its moments are stored quantized.
+
+    Examples:
+      >>> from lucid.functional.torchao import is_quantized
+      >>> is_quantized(4096, 256), is_quantized(4100, 256), is_quantized(2048, 128)
+      (True, False, False)
+    """
+    return size >= QUANTIZE_MIN_SIZE and size % block_size == 0
+
+
+def zero_codes(form: str, shape: tuple[int, ...]) -> Any:
+    """The codes of a fresh quantized moment (torchao's ``zeros``: all codes 0)."""
+    size = int(np.prod(shape))
+    if form == "4bit":
+        return jnp.zeros((size // 2,), jnp.uint8)
+    return jnp.zeros(shape, FP8 if form == "fp8" else jnp.uint8)
+
+
+def first_key(param: Any, step: Any = 0) -> Any:
+    """A PRNG key for the stochastic rounding of ``param``, derived from its bits
+    (so two parameters of different values draw different streams) and ``step``."""
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(param, jnp.bfloat16), jnp.uint16)
+    seed = jnp.sum(bits.astype(jnp.uint32) * jnp.uint32(2654435761)).astype(jnp.uint32)
+    key = jax.random.fold_in(jax.random.PRNGKey(0), seed)
+    return jax.random.fold_in(key, jnp.asarray(step, jnp.float32).astype(jnp.uint32))
+
+
+def _split(o: dict) -> tuple[dict, dict]:
+    beta1, beta2 = o["betas"]
+    hyper = {
+        "lr": o["lr"],
+        "beta1": beta1,
+        "beta2": beta2,
+        "eps": o["eps"],
+        "weight_decay": o["weight_decay"],
+    }
+    flags = {
+        "amsgrad": bool(o["amsgrad"]),
+        "block_size": int(o["block_size"]),
+        "bf16_stochastic_round": bool(o["bf16_stochastic_round"]),
+    }
+    return hyper, flags
+
+
+def _validate_options(o: dict) -> None:
+    """torchao's checks (``_AdamBase.__init__``), then lucid's on ``block_size``."""
+    _validate.lr(o["lr"])
+    _validate.non_negative(o["eps"], "epsilon value")
+    _validate.betas(o["betas"])
+    _validate.scalar(o["weight_decay"], "weight_decay", schedules=False)
+    block = o["block_size"]
+    if isinstance(block, bool) or not isinstance(block, int | np.integer) or block < 1:
+        raise ValueError(f"Invalid block_size: {block!r} (a positive integer)")
+
+
+def _init(
+    param: Any, hyper: Any, *, form: str, amsgrad: bool, block_size: int, **_: Any
+) -> LowBitAdamState:
+    shape = tuple(jnp.shape(param))
+    size = int(np.prod(shape))
+    quantized = is_quantized(size, block_size)
+    if quantized and form == "4bit" and size % 2:
+        raise ValueError(
+            f"4-bit state packs two codes a byte: a parameter of shape {shape} (odd size) "
+            f"cannot be quantized in blocks of {block_size}"
+        )
+
+    def moment() -> tuple[Any, Any]:
+        if not quantized:
+            return jnp.zeros_like(param), None
+        return zero_codes(form, shape), jnp.zeros((size // block_size,), jnp.float32)
+
+    m, m_scale = moment()
+    v, v_scale = moment()
+    u, u_scale = moment() if amsgrad else (None, None)
+    rng = first_key(param) if jnp.result_type(param) == jnp.bfloat16 else None
+    return LowBitAdamState(jnp.zeros((), jnp.float32), m, m_scale, v, v_scale, u, u_scale, rng)
+
+
+def _load(codes: Any, scale: Any, form: str, signed: bool, shape: tuple[int, ...]) -> Any:
+    if scale is None:
+        return codes.astype(jnp.float32)
+    return dequantize(codes, scale, form, signed, shape)
+
+
+def _store(value: Any, scale: Any, form: str, signed: bool, block_size: int) -> tuple[Any, Any]:
+    if scale is None:
+        return value, None
+    return quantize(value, form, signed, block_size)
+
+
+def lerp(start: Any, end: Any, weight: Any) -> Any:
+    """torch's ``lerp`` (``start + w (end - start)`` for ``w < 0.5``, else ``end - (end -
+    start)(1 - w)``), the branch taken once for the scalar ``weight`` (a select per
+    element would make XLA compute the dequantized ``start`` once per use)."""
+    diff = end - start
+    return jax.lax.cond(
+        weight < 0.5, lambda: start + weight * diff, lambda: end - diff * (1 - weight)
+    )
+
+
+def _update(
+    param: Any,
+    grad: Any,
+    state: LowBitAdamState,
+    h: dict,
+    *,
+    form: str,
+    adamw: bool,
+    amsgrad: bool,
+    block_size: int,
+    bf16_stochastic_round: bool,
+    storage_dtype: Any,
+) -> tuple[Any, LowBitAdamState]:
+    del amsgrad  # torchao reads it from the state (a max_exp_avg_sq made at its creation)
+    f32 = jnp.float32
+    shape = tuple(jnp.shape(param))
+    h = {k: jnp.asarray(v, f32) for k, v in h.items()}
+    p, g = param.astype(f32), grad.astype(f32)
+    if adamw:
+        p = p - (h["lr"] * h["weight_decay"]) * p
+    else:
+        g = g + h["weight_decay"] * p
+    step = state.step.astype(f32) + 1
+    bias_correction1 = 1 - h["beta1"] ** step
+    bias_correction2 = 1 - h["beta2"] ** step
+    m = lerp(_load(state.exp_avg, state.exp_avg_scale, form, True, shape), g, h["one_minus_beta1"])
+    v = lerp(
+        _load(state.exp_avg_sq, state.exp_avg_sq_scale, form, False, shape),
+        g * g,
+        h["one_minus_beta2"],
+    )
+    m_stored, m_scale = _store(m, state.exp_avg_scale, form, True, block_size)
+    v_stored, v_scale = _store(v, state.exp_avg_sq_scale, form, False, block_size)
+    u_stored, u_scale, second = None, None, v
+    if state.max_exp_avg_sq is not None:
+        old = _load(state.max_exp_avg_sq, state.max_exp_avg_sq_scale, form, False, shape)
+        second = jnp.maximum(old, v)
+        u_stored, u_scale = _store(second, state.max_exp_avg_sq_scale, form, False, block_size)
+    denom = jnp.sqrt(second) / jnp.sqrt(bias_correction2) + h["eps"]
+    p = p - h["lr"] * (m / bias_correction1) / denom
+    rng = state.rng
+    if bf16_stochastic_round and np.dtype(storage_dtype) == jnp.bfloat16 and rng is not None:
+        rng, draw = jax.random.split(rng)
+        p = round_bf16_stochastically(p, draw).astype(f32)
+    new = LowBitAdamState(step, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale, rng)
+    return p, new
+
+
+def _rule(name: str, form: str, adamw: bool) -> Rule:
+    def init(param: Any, hyper: Any, **flags: Any) -> LowBitAdamState:
+        return _init(param, hyper, form=form, **flags)
+
+    def update(param: Any, grad: Any, state: Any, h: dict, **flags: Any) -> tuple[Any, Any]:
+        return _update(param, grad, state, h, form=form, adamw=adamw, **flags)
+
+    return Rule(
+        name=name,
+        state=LowBitAdamState,
+        validate=_validate_options,
+        split=_split,
+        init=init,
+        update=update,
+        complements=("beta1", "beta2"),
+        hidden={"rng": 0.0},
+        supports_complex=False,
+        elementwise=False,
+        storage_dtype=True,
+    )
+
+
+ADAM8BIT = _rule("Adam8bit", "8bit", adamw=False)
+ADAMW8BIT = _rule("AdamW8bit", "8bit", adamw=True)
+ADAM4BIT = _rule("Adam4bit", "4bit", adamw=False)
+ADAMW4BIT = _rule("AdamW4bit", "4bit", adamw=True)
+ADAMFP8 = _rule("AdamFp8", "fp8", adamw=False)
+ADAMWFP8 = _rule("AdamWFp8", "fp8", adamw=True)
+
+FORM_OF = {
+    rule: form
+    for rule, form in (
+        (ADAM8BIT, "8bit"),
+        (ADAMW8BIT, "8bit"),
+        (ADAM4BIT, "4bit"),
+        (ADAMW4BIT, "4bit"),
+        (ADAMFP8, "fp8"),
+        (ADAMWFP8, "fp8"),
+    )
+}
+
+
+AMSGRAD = Arg(
+    "amsgrad",
+    False,
+    bool,
+    "AMSGrad: keep the running maximum of v (`max_exp_avg_sq`, quantized as v is) and "
+    "divide by it. Read when a parameter's state is created; afterwards the state decides, "
+    "as in torchao.",
+)
+STOCHASTIC = Arg(
+    "bf16_stochastic_round",
+    False,
+    bool,
+    "round bfloat16 parameters to bfloat16 stochastically (unbiased) instead of to nearest; "
+    "no effect on other dtypes.",
+)
+
+
+def _block(default: int) -> Arg:
+    return Arg(
+        "block_size",
+        default,
+        int,
+        "elements per float32 scale of the quantized state (consecutive elements of the "
+        "flattened tensor); a tensor whose size is not a multiple of it keeps full-precision "
+        "state.",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Example(Example):
+    """The signature's example, written with the ``torchao`` namespaces."""
+
+    def transform(self, factory: str) -> str:
+        return super().transform(f"torchao.{factory}")
+
+    def optimizer(self, cls: str) -> str:
+        return super().optimizer(f"torchao.{cls}")
+
+
+def _signature(block: int, adamw: bool) -> Signature:
+    example = (
+        _Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.899, -1.898], dtype=float32)")
+        if adamw
+        else _Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)")
+    )
+    return Signature(
+        (
+            lr(1e-3),
+            betas(),
+            eps(1e-8, "to √v after its bias correction"),
+            weight_decay(1e-2, decoupled=True) if adamw else weight_decay(0),
+            AMSGRAD,
+            KEYWORD_ONLY,
+            _block(block),
+            STOCHASTIC,
+        ),
+        example,
+    )
+
+
+ADAM8BIT_SIGNATURE = _signature(256, adamw=False)
+ADAMW8BIT_SIGNATURE = _signature(256, adamw=True)
+ADAM4BIT_SIGNATURE = _signature(128, adamw=False)
+ADAMW4BIT_SIGNATURE = _signature(128, adamw=True)
+ADAMFP8_SIGNATURE = _signature(256, adamw=False)
+ADAMWFP8_SIGNATURE = _signature(256, adamw=True)
+
+_FORM_TEXT = {
+    "8bit": "moments in 8-bit dynamic-tree codes (`uint8`), one float32 scale per block of 256",
+    "4bit": "moments in 4-bit codes, two a byte, one float32 scale per block of 128",
+    "fp8": "moments in `float8_e4m3fn`, one float32 scale per block of 256",
+}
+
+
+def _prose(torchao_name: str, form: str, adamw: bool) -> str:
+    kind = "Adam with decoupled weight decay (default 1e-2)" if adamw else "Adam"
+    return (
+        f"`torchao.optim.{torchao_name}` as an optax transformation: {kind}, "
+        f"{_FORM_TEXT[form]} (tensors of fewer than 4096 elements, or of a size that is no "
+        "multiple of the block, keep full-precision moments)."
+    )
+
+
+adam8bit = transform_of(ADAM8BIT, ADAM8BIT_SIGNATURE, "adam8bit", _prose("Adam8bit", "8bit", False))
+adamw8bit = transform_of(
+    ADAMW8BIT, ADAMW8BIT_SIGNATURE, "adamw8bit", _prose("AdamW8bit", "8bit", True)
+)
+adam4bit = transform_of(ADAM4BIT, ADAM4BIT_SIGNATURE, "adam4bit", _prose("Adam4bit", "4bit", False))
+adamw4bit = transform_of(
+    ADAMW4BIT, ADAMW4BIT_SIGNATURE, "adamw4bit", _prose("AdamW4bit", "4bit", True)
+)
+adam_fp8 = transform_of(ADAMFP8, ADAMFP8_SIGNATURE, "adam_fp8", _prose("AdamFp8", "fp8", False))
+adamw_fp8 = transform_of(ADAMWFP8, ADAMWFP8_SIGNATURE, "adamw_fp8", _prose("AdamWFp8", "fp8", True))
+
+RULES = {rule.name: rule for rule in FORM_OF}
