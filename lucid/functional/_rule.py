@@ -438,6 +438,13 @@ def check_same_structure(
             )
 
 
+def _delta(new: Array, old: Array) -> Array:
+    """The update ``new - old`` that ``optax.apply_updates`` adds back, and ``0`` where the
+    parameter stays as it was: an infinite parameter that stays infinite (torch's
+    ``p - lr * g`` of ``p = -inf``) would otherwise get ``inf - inf = NaN``."""
+    return jnp.where(new == old, jnp.zeros_like(new), new - old)
+
+
 def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
     """Turn ``rule`` with torch-style ``options`` into an optax transformation.
 
@@ -481,7 +488,7 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
         for p, g, s in zip(leaves, grad_leaves, leaf_states):
             values = pack(rule, resolve(hyper, step_count(s), compute_dtype(p.dtype)))
             new_p, new_s = apply_leaf(rule, flags, values, p, g, s)
-            updates.append(new_p - p)
+            updates.append(_delta(new_p, p))
             new_states.append(new_s)
         return treedef.unflatten(updates), _transpose_out(new_states, treedef, rule.state)
 
