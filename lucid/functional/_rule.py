@@ -83,6 +83,11 @@ class Rule:
         fields may have shapes of their own.
       check_at_step: checks torch makes at a step rather than at construction
         (Muon's ``ns_steps``), run before every step moves anything.
+      guarded: options (torch's names, ``eps[0]`` for an element of a pair) the rule
+        keeps at its dtype's smallest normal number when they are nonzero and subnormal
+        (``_math.guard``: a divisor's guard such as ``eps``), so that XLA's flush to zero
+        does not turn torch's ``0 / eps`` into ``0 / 0``; every other nonzero option
+        below float32's smallest normal warns when the options are checked.
       storage_dtype: ``update`` also receives ``storage_dtype=`` (the dtype the
         parameter is stored in, before the upcast to the compute dtype), for a
         rule whose math depends on it (Adafactor's default ``eps1`` is that
@@ -107,25 +112,34 @@ class Rule:
     elementwise: bool = True
     storage_dtype: bool = False
     check_at_step: Callable[[Options], None] | None = None
+    guarded: tuple[str, ...] = ()
 
-    def check(self, options: Options, *, schedules: bool = False) -> None:
+    def check(self, options: Options, *, schedules: bool = False, warn: bool = True) -> None:
         """Every check of a group's options, before anything uses them: torch's value
         checks (``validate``), then every float hyper-parameter a real scalar.
 
         ``schedules``: whether a hyper-parameter may be a schedule (the functional
         transforms: yes; ``lucid.optim``'s groups, read as host numbers: no).
+        ``warn``: warn about values XLA flushes to zero (``_validate.flushed``): when a
+        transform or optimizer is made, a group added or loaded; not at every step.
 
         Raises:
           ValueError: torch's conditions (``Invalid learning rate: -1.0``,
             ``Tensor lr must be 1-element``).
           TypeError: a hyper-parameter that is not a real number or one-element array.
+
+        Warns:
+          UserWarning: (with ``warn``) a nonzero option below float32's smallest normal
+            number, which XLA flushes to zero, naming the option and its value.
         """
         self.validate(options)
         _validate.hypers(self.split(options)[0], schedules=schedules)
+        if warn:
+            _validate.flushed(options, self.name, self.guarded)
 
     def check_step(self, options: Options) -> None:
         """``check``, and the checks torch makes only when stepping."""
-        self.check(options)
+        self.check(options, warn=False)
         if self.check_at_step is not None:
             self.check_at_step(options)
 

@@ -99,6 +99,7 @@ ADADELTA = Rule(
     init=_init,
     update=_update,
     complements=("rho",),
+    guarded=("eps",),
 )
 
 

@@ -197,6 +197,7 @@ ADAFACTOR = Rule(
     elementwise=False,
     storage_dtype=True,
     supports_complex=False,
+    guarded=("eps[0]",),
 )
 
 

@@ -125,6 +125,7 @@ ADAGRAD = Rule(
     update=_update,
     sparse_update=_update_sparse,
     sparse_options=_sparse_options,
+    guarded=("eps",),
 )
 
 

@@ -113,6 +113,7 @@ ADAM = Rule(
     update=_update,
     complements=("beta1", "beta2"),
     optional={"max_exp_avg_sq": "amsgrad"},
+    guarded=("eps",),
 )
 ADAMW = dataclasses.replace(ADAM, name="AdamW", validate=lambda o: validate_adam_family(o, "AdamW"))
 

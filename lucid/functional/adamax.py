@@ -84,6 +84,7 @@ ADAMAX = Rule(
     init=_init,
     update=_update,
     complements=("beta1",),
+    guarded=("eps",),
 )
 
 

@@ -195,6 +195,7 @@ MUON = Rule(
     elementwise=False,
     check_at_step=_check_at_step,
     supports_complex=False,
+    guarded=("eps",),
 )
 
 

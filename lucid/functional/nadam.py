@@ -124,6 +124,7 @@ NADAM = Rule(
     update=_update,
     complements=("beta1", "beta2"),
     scalar_state=("step", "mu_product"),
+    guarded=("eps",),
 )
 
 

@@ -145,6 +145,7 @@ RADAM = Rule(
     init=_init,
     update=_update,
     complements=("beta1", "beta2"),
+    guarded=("eps",),
 )
 
 

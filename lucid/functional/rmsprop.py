@@ -123,6 +123,7 @@ RMSPROP = Rule(
     update=_update,
     complements=("alpha",),
     optional={"momentum_buffer": "use_momentum", "grad_avg": "centered"},
+    guarded=("eps",),
 )
 
 

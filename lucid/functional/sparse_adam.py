@@ -242,6 +242,7 @@ SPARSE_ADAM = Rule(
     complements=("beta1", "beta2"),
     sparse_update=_update_sparse,
     supports_complex=False,
+    guarded=("eps",),
 )
 
 
