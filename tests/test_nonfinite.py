@@ -1,0 +1,352 @@
+"""NaN, inf and subnormal numbers as torch treats them, in all three forms.
+
+Every optimizer (option sets from tests/cases.py, Muon's own) gets gradients with a NaN
+in one entry, +inf in one, -inf in one, each in a parameter of its own, all three
+together in another, a NaN and a -inf at the very first step, and parameters that hold
+NaN and inf themselves; the functional transform, the eager class and the compiled step
+must put NaN and +-inf where torch 2.13 (its default CPU path) puts them, and the finite
+values within float32 rounding. Subnormal hyper-parameters: the guards (``eps``) give
+torch's numbers, the others warn at construction; docs/bad_input.md says which is which.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+from cases import CASES, case_id, functional
+from jax.experimental import sparse
+
+import lucid
+from lucid.functional import lbfgs, sparse_adam
+
+STEPS = 4
+NAN, INF = float("nan"), float("inf")
+# float32, 4 steps: torch and lucid part by a few ulps (rsqrt, fused multiply-adds)
+RTOL, ATOL = 2e-5, 2e-6
+
+# parameter name -> (shape, {step: [(index, value), ...]}) of gradient entries made bad
+BAD_GRADS = {
+    "nan": ((5, 3), {1: [((1, 2), NAN)]}),
+    "pinf": ((5, 3), {1: [((3, 0), INF)]}),
+    "ninf": ((4,), {1: [((1,), -INF)]}),  # a vector: Adafactor's unfactored path
+    "together": ((5, 3), {2: [((1, 2), NAN), ((3, 0), INF), ((0, 1), -INF)], 3: [((4, 2), NAN)]}),
+    "first": ((4,), {0: [((0,), NAN), ((3,), -INF)]}),
+    "param_nan": ((3, 2), {}),
+    "param_inf": ((3, 2), {}),
+    "clean": ((3,), {}),
+}
+BAD_PARAMS = {"param_nan": [((0, 1), NAN)], "param_inf": [((2, 1), INF), ((0, 0), -INF)]}
+
+
+def _shape(name: str, key: str) -> tuple[int, ...]:
+    # Muon takes matrices only; one shape for all, so its iteration compiles once
+    return (5, 4) if name == "Muon" else BAD_GRADS[key][0]
+
+
+def _at(shape: tuple[int, ...], index: tuple[int, ...]) -> tuple[int, ...]:
+    return (0, *index) if len(shape) > len(index) else index
+
+
+def initial(name: str) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    params = {}
+    for key in sorted(BAD_GRADS):
+        shape = _shape(name, key)
+        value = rng.normal(size=shape).astype(np.float32)
+        for index, bad in BAD_PARAMS.get(key, []):
+            value[_at(shape, index)] = bad
+        params[key] = value
+    return params
+
+
+def gradients(name: str) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(2)
+    steps = []
+    for step in range(STEPS):
+        grads = {}
+        for key in sorted(BAD_GRADS):
+            shape, bad = _shape(name, key), BAD_GRADS[key][1]
+            value = rng.normal(size=shape).astype(np.float32)
+            for index, entry in bad.get(step, []):
+                value[_at(shape, index)] = entry
+            grads[key] = value
+        steps.append(grads)
+    return steps
+
+
+def _first_and_last(name: str) -> list[tuple[str, dict]]:
+    cases = [case for case in CASES if case[0] == name]
+    return cases[:1] + cases[-1:] if len(cases) > 1 else cases
+
+
+# two option sets per optimizer (its first and last in tests/cases.py), and Muon's
+SELECTED = [case for name in dict.fromkeys(n for n, _ in CASES) for case in _first_and_last(name)]
+SELECTED += [("Muon", {"lr": 0.02, "nesterov": False, "weight_decay": 0.1})]
+
+
+def _tolerance(name: str, options: dict) -> tuple[float, float]:
+    if name == "Muon":  # two bfloat16 Newton-Schulz iterations part by bfloat16 ulps
+        return 0.0, STEPS * options["lr"] * 2 * 8 * 2.0**-7
+    return RTOL, ATOL
+
+
+def run_torch(name: str, options: dict, init: dict, grads: list) -> tuple[dict, dict]:
+    """torch's default path on the CPU (single-tensor), gradients set by hand."""
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in sorted(init.items())}
+    opt = getattr(torch.optim, name)(list(params.values()), **options)
+    for step in grads:
+        for key, p in params.items():
+            p.grad = torch.tensor(step[key])
+        opt.step()
+    return {k: p.detach().numpy().copy() for k, p in params.items()}, opt.state_dict()
+
+
+def run_functional(name: str, options: dict, init: dict, grads: list) -> dict:
+    tx = functional(name)(**options)
+    params = {k: jnp.asarray(v, jnp.float32) for k, v in init.items()}
+    state = tx.init(params)
+
+    @jax.jit
+    def step(params, state, grads):
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    for g in grads:
+        params, state = step(params, state, {k: jnp.asarray(v, jnp.float32) for k, v in g.items()})
+    return {k: np.asarray(v) for k, v in params.items()}
+
+
+def run_class(name: str, options: dict, init: dict, grads: list, compiled: bool) -> tuple:
+    params = {k: lucid.Parameter(jnp.asarray(v, jnp.float32)) for k, v in sorted(init.items())}
+    opt = getattr(lucid.optim, name)(list(params.values()), **options)
+    if compiled:
+        opt = lucid.compile_optimizer(opt)
+    for step in grads:
+        for key, p in params.items():
+            p.grad = jnp.asarray(step[key], jnp.float32)
+        opt.step()
+    return {k: np.asarray(p.data) for k, p in params.items()}, opt
+
+
+def assert_like_torch(actual, expected, rtol: float, atol: float, what: str) -> None:
+    """NaN, +inf and -inf at torch's positions; the finite values within tolerance."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, what
+    for kind, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        ours, theirs = np.argwhere(test(actual)).tolist(), np.argwhere(test(expected)).tolist()
+        assert ours == theirs, f"{what}: {kind} at {ours}, torch: at {theirs}"
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(actual[finite], expected[finite], rtol=rtol, atol=atol, err_msg=what)
+
+
+def assert_params_like_torch(actual: dict, expected: dict, rtol: float, atol: float) -> None:
+    for key in expected:
+        assert actual[key].dtype == np.float32, key
+        assert_like_torch(actual[key], expected[key], rtol, atol, f"parameter {key!r}")
+
+
+def assert_state_like_torch(ours: dict, theirs: dict, rtol: float, atol: float) -> None:
+    assert set(ours["state"]) == set(theirs["state"])
+    for index, torch_state in theirs["state"].items():
+        assert set(ours["state"][index]) == set(torch_state), index
+        for field, value in torch_state.items():
+            what = f"state {field!r} of parameter {index}"
+            expected = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            assert_like_torch(ours["state"][index][field], expected, rtol, atol, what)
+
+
+def _torch_has_nonfinite(expected: dict) -> bool:
+    return any(not np.isfinite(v).all() for v in expected.values())
+
+
+@pytest.mark.parametrize("case", SELECTED, ids=case_id)
+def test_functional_puts_nan_and_inf_where_torch_does(case):
+    name, options = case
+    init, grads = initial(name), gradients(name)
+    expected, _ = run_torch(name, options, init, grads)
+    assert _torch_has_nonfinite(expected)  # the inputs reach torch's parameters
+    actual = run_functional(name, options, init, grads)
+    assert_params_like_torch(actual, expected, *_tolerance(name, options))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("case", SELECTED, ids=case_id)
+def test_class_puts_nan_and_inf_where_torch_does_in_params_and_state(case, compiled):
+    name, options = case
+    init, grads = initial(name), gradients(name)
+    expected, torch_sd = run_torch(name, options, init, grads)
+    actual, opt = run_class(name, options, init, grads, compiled)
+    rtol, atol = _tolerance(name, options)
+    assert_params_like_torch(actual, expected, rtol, atol)
+    if name != "Muon":  # Muon's buffer averages gradients of two bfloat16 trajectories
+        assert_state_like_torch(opt.state_dict(), torch_sd, rtol, atol)
+
+
+# ------------------------------------------------------------ SparseAdam, sparse gradients
+
+SPARSE_INDICES = np.array([[0, 2, 2, 4, 1], [1, 0, 1, 1, 0]])  # (row, column) of 5 entries
+SPARSE_BAD = {1: [(0, NAN)], 2: [(2, INF), (3, -INF)]}  # step -> (stored entry, value)
+
+
+def _sparse_values(step: int, rng: np.random.Generator) -> np.ndarray:
+    values = rng.normal(size=SPARSE_INDICES.shape[1]).astype(np.float32)
+    for entry, bad in SPARSE_BAD.get(step, []):
+        values[entry] = bad
+    values[4] = 0.0  # a stored zero: only eps keeps its 0 / sqrt(0) finite
+    return values
+
+
+def _run_sparse_torch(options: dict, init: np.ndarray) -> np.ndarray:
+    rng = np.random.default_rng(5)
+    param = torch.tensor(init, requires_grad=True)
+    opt = torch.optim.SparseAdam([param], **options)
+    for step in range(STEPS):
+        values = torch.tensor(_sparse_values(step, rng))
+        indices = torch.tensor(SPARSE_INDICES)
+        param.grad = torch.sparse_coo_tensor(indices, values, init.shape, check_invariants=True)
+        opt.step()
+    return param.detach().numpy().copy()
+
+
+def _bcoo(step: int, rng: np.random.Generator, shape: tuple) -> sparse.BCOO:
+    values = jnp.asarray(_sparse_values(step, rng))
+    return sparse.BCOO((values, jnp.asarray(SPARSE_INDICES.T)), shape=shape)
+
+
+@pytest.mark.parametrize("form", ["functional", "eager", "compiled"])
+@pytest.mark.parametrize("options", [{"lr": 0.1}, {"lr": 0.1, "eps": 1e-40}], ids=["eps", "eps=1e-40"])
+def test_sparse_adam_puts_nan_and_inf_where_torch_does(options, form):
+    init = np.random.default_rng(4).normal(size=(5, 2)).astype(np.float32)
+    expected = _run_sparse_torch(options, init)
+    assert np.isnan(expected).any() and not np.isnan(expected[1, 0])  # the stored zero
+    rng = np.random.default_rng(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # eps is a guard: kept at the smallest normal, no warning
+        if form == "functional":
+            tx = sparse_adam(**options)
+            params = jnp.asarray(init)
+            state = tx.init(params)
+            for step in range(STEPS):
+                updates, state = tx.update(_bcoo(step, rng, init.shape), state, params)
+                params = optax.apply_updates(params, updates)
+            actual = np.asarray(params)
+        else:
+            param = lucid.Parameter(jnp.asarray(init))
+            opt = lucid.optim.SparseAdam([param], **options)
+            if form == "compiled":
+                opt = lucid.compile_optimizer(opt)
+            for step in range(STEPS):
+                param.grad = _bcoo(step, rng, init.shape)
+                opt.step()
+            actual = np.asarray(param.data)
+    assert_like_torch(actual, expected, RTOL, ATOL, "SparseAdam's parameter")
+
+
+# ------------------------------------------------------------------------------- LBFGS
+
+LBFGS_INIT = np.array([-1.2, 1.0, -0.5, 0.8])
+LBFGS_WEIGHTS = np.arange(1.0, 5.0)
+
+
+def _run_lbfgs(options: dict, bad: float, library: str) -> tuple[np.ndarray, list[float]]:
+    """Three ``step(closure)`` calls on a smooth loss whose third gradient evaluation has
+    ``bad`` in one entry (torch's closure sets it on ``.grad``, lucid's too); float64."""
+    evaluations = []
+
+    def spoil() -> bool:
+        evaluations.append(None)
+        return len(evaluations) == 3
+
+    if library == "torch":
+        x = torch.tensor(LBFGS_INIT, requires_grad=True)
+        opt = torch.optim.LBFGS([x], **options)
+
+        def closure():
+            opt.zero_grad()
+            loss = ((x - 0.3) ** 2 * torch.tensor(LBFGS_WEIGHTS)).sum() + (x**4).sum()
+            loss.backward()
+            if spoil():
+                x.grad[2] = bad
+            return loss
+
+        losses = [float(opt.step(closure).detach()) for _ in range(3)]
+        return x.detach().numpy().copy(), losses
+    x = lucid.Parameter(jnp.asarray(LBFGS_INIT, jnp.float64))
+    opt = lucid.optim.LBFGS([x], **options)
+
+    def loss_fn(p):
+        return (((p["x"] - 0.3) ** 2) * jnp.asarray(LBFGS_WEIGHTS)).sum() + (p["x"] ** 4).sum()
+
+    def closure():
+        opt.zero_grad()
+        loss = lucid.backward(loss_fn, {"x": x})
+        if spoil():
+            x.grad = x.grad.at[2].set(bad)
+        return loss
+
+    losses = [float(opt.step(closure)) for _ in range(3)]
+    return np.asarray(x.data), losses
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"line_search_fn": "strong_wolfe"}, {"max_iter": 3, "history_size": 2}],
+    ids=["defaults", "strong_wolfe", "max_iter=3"],
+)
+def test_lbfgs_with_a_nonfinite_gradient_follows_torch(options, bad):
+    """torch's L-BFGS compares NaN in its convergence tests (``max|g| <= tol``: false)
+    and takes Python's ``min`` of a NaN step; lucid's full algorithm does the same."""
+    expected, torch_losses = _run_lbfgs(options, bad, "torch")
+    actual, losses = _run_lbfgs(options, bad, "lucid")
+    assert_like_torch(actual, expected, 1e-10, 1e-13, "LBFGS's parameter")
+    assert_like_torch(losses, torch_losses, 1e-10, 1e-13, "LBFGS's losses")
+
+
+def _bb_step_in_torch(params: torch.Tensor, grads: list, lr: float) -> torch.Tensor:
+    """The closure-less Barzilai-Borwein step of ``lucid.functional.lbfgs`` (DESIGN.md's
+    formula) in torch's operations, for torch's NaN and inf semantics of each."""
+    prev_p = prev_g = torch.zeros_like(params)
+    for step, g in enumerate(grads):
+        g = torch.tensor(g)
+        if step == 0:
+            direction = -g
+        else:
+            ratio = (params - prev_p).abs() / ((g - prev_g).abs() + 1e-10)
+            direction = -torch.clamp(ratio, 0.0, 10.0) * g
+        prev_p, prev_g = params, g
+        params = params + lr * direction
+    return params
+
+
+@pytest.mark.parametrize("form", ["functional", "compiled"])
+def test_lbfgs_step_without_closure_has_torchs_nan_and_inf(form):
+    """The functional (and compiled) L-BFGS step against its formula in torch ops:
+    ``clamp`` keeps a NaN ratio NaN, ``|inf - x|`` is inf, ``x / inf`` is 0."""
+    rng = np.random.default_rng(6)
+    init = rng.normal(size=(6,)).astype(np.float32)
+    grads = [rng.normal(size=(6,)).astype(np.float32) for _ in range(STEPS)]
+    grads[1][0], grads[1][1], grads[2][2], grads[0][3] = NAN, INF, -INF, INF
+    expected = _bb_step_in_torch(torch.tensor(init), grads, 0.1).numpy()
+    if form == "functional":
+        tx, params = lbfgs(lr=0.1), jnp.asarray(init)
+        state = tx.init(params)
+        for g in grads:
+            updates, state = tx.update(jnp.asarray(g), state, params)
+            params = optax.apply_updates(params, updates)
+        actual = np.asarray(params)
+    else:
+        param = lucid.Parameter(jnp.asarray(init))
+        opt = lucid.compile_optimizer(lucid.optim.LBFGS([param], lr=0.1))
+        for g in grads:
+            param.grad = jnp.asarray(g)
+            opt.step()
+        actual = np.asarray(param.data)
+    assert not np.isfinite(expected).all() and np.isfinite(expected).any()
+    assert_like_torch(actual, expected, RTOL, ATOL, "LBFGS's parameter")
