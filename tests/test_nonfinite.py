@@ -11,6 +11,7 @@ torch's numbers, the others warn at construction; docs/bad_input.md says which i
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import jax
@@ -220,7 +221,9 @@ def _bcoo(step: int, rng: np.random.Generator, shape: tuple) -> sparse.BCOO:
 
 
 @pytest.mark.parametrize("form", ["functional", "eager", "compiled"])
-@pytest.mark.parametrize("options", [{"lr": 0.1}, {"lr": 0.1, "eps": 1e-40}], ids=["eps", "eps=1e-40"])
+@pytest.mark.parametrize(
+    "options", [{"lr": 0.1}, {"lr": 0.1, "eps": 1e-40}], ids=["eps", "eps=1e-40"]
+)
 def test_sparse_adam_puts_nan_and_inf_where_torch_does(options, form):
     init = np.random.default_rng(4).normal(size=(5, 2)).astype(np.float32)
     expected = _run_sparse_torch(options, init)
@@ -350,3 +353,157 @@ def test_lbfgs_step_without_closure_has_torchs_nan_and_inf(form):
         actual = np.asarray(param.data)
     assert not np.isfinite(expected).all() and np.isfinite(expected).any()
     assert_like_torch(actual, expected, RTOL, ATOL, "LBFGS's parameter")
+
+
+# --------------------------------------------------------------------------- subnormals
+
+SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)  # 1.1754944e-38
+
+# a guard XLA would flush (eps below float32's smallest normal), where a zero gradient
+# entry makes torch divide 0 by it; lucid keeps the guard at the smallest normal
+GUARDED = [
+    ("Adam", {"lr": 0.01, "eps": 1e-40}),
+    ("AdamW", {"lr": 0.01, "eps": 1e-40, "amsgrad": True}),
+    ("Adamax", {"lr": 0.01, "eps": 1e-40}),
+    ("NAdam", {"lr": 0.01, "eps": 1e-40}),
+    ("RAdam", {"lr": 0.01, "eps": 1e-40}),
+    ("RMSprop", {"lr": 0.01, "eps": 1e-40, "centered": True}),
+    ("Adagrad", {"lr": 0.1, "eps": 1e-40}),
+    ("Adadelta", {"eps": 1e-40}),
+    # eps1 normal, its square (torch squares it in double) subnormal; a subnormal eps1
+    # itself squares to 0 on both sides, and torch's rsqrt(0) * 0 is NaN there too
+    ("Adafactor", {"lr": 0.05, "eps": (1e-20, 1e-3)}),
+    ("Muon", {"lr": 0.02, "eps": 1e-40}),
+]
+
+
+def _zero_gradient_problem(name: str) -> tuple[dict, list]:
+    """``z``: a gradient of zeros throughout; ``w``: one column of zeros; ``b``: one zero
+    entry (Muon: matrices only)."""
+    rng = np.random.default_rng(7)
+    shapes = {"b": (3,), "w": (5, 3), "z": (4, 3)}
+    if name == "Muon":
+        shapes = {"w": (5, 3), "z": (4, 3)}
+    init = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+    grads = []
+    for _ in range(STEPS):
+        g = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+        g["z"][:] = 0.0
+        g["w"][:, 1] = 0.0
+        if "b" in g:
+            g["b"][2] = 0.0
+        grads.append(g)
+    return init, grads
+
+
+@pytest.mark.parametrize("form", ["functional", "eager", "compiled"])
+@pytest.mark.parametrize("case", GUARDED, ids=case_id)
+def test_a_subnormal_eps_gives_torchs_numbers_where_gradients_are_zero(case, form):
+    name, options = case
+    init, grads = _zero_gradient_problem(name)
+    expected, _ = run_torch(name, options, init, grads)
+    assert all(np.isfinite(v).all() for v in expected.values())  # torch: 0 / eps = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a guard needs no warning: it gives torch's numbers
+        if form == "functional":
+            actual = run_functional(name, options, init, grads)
+        else:
+            actual, _ = run_class(name, options, init, grads, compiled=form == "compiled")
+    assert_params_like_torch(actual, expected, *_tolerance(name, options))
+
+
+# (optimizer, options, the option's name in the warning): values XLA flushes to zero
+FLUSHED = [
+    ("SGD", {"lr": 1e-40}, "lr"),
+    ("SGD", {"lr": 0.1, "momentum": 1e-39}, "momentum"),
+    ("SGD", {"lr": 0.1, "dampening": -1e-40}, "dampening"),
+    ("Adam", {"lr": jnp.asarray(1e-40, jnp.float32)}, "lr"),
+    ("Adam", {"betas": (1e-40, 0.999)}, "betas[0]"),
+    ("AdamW", {"weight_decay": 1e-45}, "weight_decay"),
+    ("RMSprop", {"alpha": 1e-40}, "alpha"),
+    ("Adagrad", {"lr_decay": 1e-40}, "lr_decay"),
+    ("Adagrad", {"initial_accumulator_value": 1e-40}, "initial_accumulator_value"),
+    ("Adadelta", {"rho": 1e-40}, "rho"),
+    ("NAdam", {"momentum_decay": 1e-40}, "momentum_decay"),
+    ("ASGD", {"lambd": 1e-40}, "lambd"),
+    ("Rprop", {"step_sizes": (1e-40, 50)}, "step_sizes[0]"),
+    ("Adafactor", {"eps": (None, 1e-40)}, "eps[1]"),
+    ("Muon", {"weight_decay": 1e-40}, "weight_decay"),
+    ("SparseAdam", {"lr": 1e-40}, "lr"),
+    ("LBFGS", {"lr": 1e-40}, "lr"),
+]
+
+
+def _flush_message(label: str, value: float) -> str:
+    shown = f"{label}={value!r} is below float32's smallest normal number (1.1754944e-38)"
+    return re.escape(shown)
+
+
+def _value_of(options: dict, label: str) -> float:
+    key, _, index = label.partition("[")
+    value = options[key]
+    return float(value[int(index[:-1])] if index else value)
+
+
+@pytest.mark.parametrize("case", FLUSHED, ids=lambda c: f"{c[0]}-{c[2]}")
+def test_a_value_xla_flushes_warns_at_construction_in_both_forms(case):
+    name, options, label = case
+    message = _flush_message(label, _value_of(options, label))
+    with pytest.warns(UserWarning, match=message):
+        functional(name)(**options)
+    shape = (2, 2)
+    param = lucid.Parameter(jnp.ones(shape, jnp.float32))
+    with pytest.warns(UserWarning, match=message):
+        opt = getattr(lucid.optim, name)([param], **options)
+    if name == "LBFGS":  # one group only, as torch's
+        return
+    # a group added with the value warns too; the steps do not warn again
+    with pytest.warns(UserWarning, match=message):
+        opt.add_param_group({"params": [lucid.Parameter(jnp.ones(shape))], **options})
+    if name == "SparseAdam":  # takes sparse gradients
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for p in opt.param_groups[0]["params"]:
+            p.grad = jnp.ones(shape, jnp.float32)
+        opt.step()
+
+
+def test_no_warning_for_zero_normal_values_or_guards():
+    """Every option set of tests/cases.py (zeros and normal numbers), and each guard."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        guards = [*GUARDED, ("Adafactor", {"eps": (1e-40, 1e-3)}), ("SparseAdam", {"eps": 1e-40})]
+        for name, options in CASES + guards:
+            functional(name)(**options)
+            getattr(lucid.optim, name)([lucid.Parameter(jnp.ones((2, 2)))], **options)
+        functional("SGD")(lr=SMALLEST_NORMAL)
+
+
+def test_a_flushed_value_acts_as_zero_and_gives_torchs_numbers_to_rounding():
+    """``SGD(lr=1e-40)``: lucid computes with 0 (the parameters stay exactly as they
+    were); torch's ``p - 1e-40 * g`` rounds to ``p`` for every normal ``p``."""
+    init = {"w": np.random.default_rng(8).normal(size=(5, 3)).astype(np.float32)}
+    grads = [{"w": np.ones((5, 3), np.float32)}] * 2
+    expected, _ = run_torch("SGD", {"lr": 1e-40}, init, grads)
+    with pytest.warns(UserWarning, match="lr=1e-40"):
+        actual, _ = run_class("SGD", {"lr": 1e-40}, init, grads, compiled=False)
+    np.testing.assert_array_equal(actual["w"], init["w"])
+    np.testing.assert_array_equal(actual["w"], expected["w"])
+
+
+@pytest.mark.parametrize("form", ["functional", "eager", "compiled"])
+def test_a_subnormal_parameter_is_flushed_to_zero_by_a_step(form):
+    """XLA's arithmetic flushes subnormal numbers: a float32 parameter entry of 1e-39
+    with a zero gradient becomes 0 at a step, where torch keeps 1e-39
+    (docs/bad_input.md). Normal entries are torch's."""
+    init = {"w": np.array([1e-39, -1e-39, 1.0, 0.5], np.float32)}
+    grads = [{"w": np.array([0.0, 0.0, 1.0, -1.0], np.float32)}]
+    expected, _ = run_torch("SGD", {"lr": 0.1}, init, grads)
+    if form == "functional":
+        actual = run_functional("SGD", {"lr": 0.1}, init, grads)
+    else:
+        actual, _ = run_class("SGD", {"lr": 0.1}, init, grads, compiled=form == "compiled")
+    np.testing.assert_array_equal(expected["w"][:2], init["w"][:2])  # torch keeps them
+    np.testing.assert_array_equal(actual["w"][:2], [0.0, 0.0])
+    np.testing.assert_allclose(actual["w"][2:], expected["w"][2:], rtol=1e-6)

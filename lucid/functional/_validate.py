@@ -136,6 +136,7 @@ def hypers(hyper: Mapping[str, Any], *, schedules: bool) -> None:
 
 # float32's smallest normal number: XLA flushes anything smaller (but zero) to zero
 FLOAT32_SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
+_SMALLEST_SHOWN = str(np.float32(FLOAT32_SMALLEST_NORMAL))  # 1.1754944e-38
 
 
 def flushed(options: Mapping[str, Any], name: str, guarded: Iterable[str] = ()) -> None:
@@ -167,8 +168,8 @@ def flushed(options: Mapping[str, Any], name: str, guarded: Iterable[str] = ()) 
             if number is not None and 0.0 < abs(number) < FLOAT32_SMALLEST_NORMAL:
                 warnings.warn(
                     f"{name}: {label}={number!r} is below float32's smallest normal number "
-                    f"({np.float32(FLOAT32_SMALLEST_NORMAL)}); XLA flushes such subnormal numbers to "
-                    "zero, so in float32 arithmetic lucid computes with 0 where torch "
+                    f"({_SMALLEST_SHOWN}); XLA flushes such subnormal numbers to zero, so in "
+                    "float32 arithmetic lucid computes with 0 where torch "
                     f"computes with {number!r}",
                     UserWarning,
                     stacklevel=4,
