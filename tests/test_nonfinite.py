@@ -507,3 +507,68 @@ def test_a_subnormal_parameter_is_flushed_to_zero_by_a_step(form):
     np.testing.assert_array_equal(expected["w"][:2], init["w"][:2])  # torch keeps them
     np.testing.assert_array_equal(actual["w"][:2], [0.0, 0.0])
     np.testing.assert_allclose(actual["w"][2:], expected["w"][2:], rtol=1e-6)
+
+
+# ------------------------------------------------------------ NaN and inf hyper-parameters
+
+# infinite values torch's constructors accept, with finite gradients; all three forms
+INFINITE_OPTIONS = [
+    ("SGD", {"lr": INF}),
+    ("SGD", {"lr": 0.05, "momentum": INF}),
+    ("SGD", {"lr": 0.05, "momentum": 0.9, "dampening": -INF}),
+    ("Adam", {"lr": 0.01, "eps": INF}),
+    ("RMSprop", {"lr": 0.01, "alpha": INF}),
+    ("Adagrad", {"lr": 0.1, "initial_accumulator_value": INF}),
+    ("NAdam", {"lr": 0.01, "momentum_decay": INF}),
+    ("ASGD", {"lr": 0.05, "t0": INF, "lambd": INF}),
+    ("Rprop", {"lr": 0.01, "etas": (0.5, INF), "step_sizes": (1e-6, INF)}),
+    ("Adafactor", {"lr": 0.05, "d": INF, "eps": (None, INF)}),
+]
+
+
+def _finite_problem() -> tuple[dict, list]:
+    rng = np.random.default_rng(9)
+    init = {"b": rng.normal(size=(3,)).astype(np.float32), "w": rng.normal(size=(5, 3))}
+    init["w"] = init["w"].astype(np.float32)
+    grads = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in init.items()}]
+    return init, grads * 3
+
+
+@pytest.mark.parametrize("form", ["functional", "eager", "compiled"])
+@pytest.mark.parametrize("case", INFINITE_OPTIONS, ids=case_id)
+def test_infinite_options_torch_accepts_give_torchs_numbers(case, form):
+    name, options = case
+    init, grads = _finite_problem()
+    expected, _ = run_torch(name, options, init, grads)
+    if form == "functional":
+        actual = run_functional(name, options, init, grads)
+    else:
+        actual, _ = run_class(name, options, init, grads, compiled=form == "compiled")
+    assert_params_like_torch(actual, expected, RTOL, ATOL)
+
+
+@pytest.mark.parametrize("option", ["lr", "momentum", "weight_decay"])
+def test_a_nan_option_torchs_sgd_accepts_is_refused(option):
+    """torch's SGD checks ``lr < 0`` (false for NaN) and steps every parameter to NaN;
+    lucid refuses a NaN wherever torch range-checks the option (docs/bad_input.md)."""
+    options = {"lr": 0.1, option: NAN}
+    torch.optim.SGD([torch.zeros(2, requires_grad=True)], **options)  # accepted
+    with pytest.raises(ValueError, match="nan"):
+        lucid.optim.SGD([lucid.Parameter(jnp.zeros(2))], **options)
+    with pytest.raises(ValueError, match="nan"):
+        functional("SGD")(**options)
+
+
+def test_the_functional_form_cannot_move_an_infinite_parameter_across_zero():
+    """An optax update is added to the parameter: ``-inf + u`` is ``-inf`` or NaN, so a
+    parameter torch sends from ``-inf`` to ``+inf`` (decoupled weight decay with
+    ``1 - lr * wd < 0``) is NaN in the functional form; the classes give torch's ``+inf``
+    (docs/bad_input.md)."""
+    options = {"lr": 0.01, "weight_decay": INF}
+    init = {"w": np.array([-INF, 1.0], np.float32)}
+    grads = [{"w": np.array([1.0, 1.0], np.float32)}]
+    expected, _ = run_torch("AdamW", options, init, grads)
+    assert np.isposinf(expected["w"][0])
+    eager, _ = run_class("AdamW", options, init, grads, compiled=False)
+    assert_params_like_torch(eager, expected, RTOL, ATOL)
+    assert np.isnan(run_functional("AdamW", options, init, grads)["w"][0])

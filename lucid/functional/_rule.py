@@ -466,7 +466,8 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
     like ``params``; ``update(grads, state, params)`` evaluates schedules at the
     number of updates done so far, applies the rule to every leaf and returns
     ``new_params - params`` as the update (so ``optax.apply_updates`` lands on
-    torch's new parameters).
+    torch's new parameters), 0 where a parameter stays as it was (an infinite one
+    included).
     """
     rule.check(options, schedules=True)
     if rule.check_at_step is not None:  # a transform has no later moment to refuse at

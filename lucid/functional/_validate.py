@@ -143,9 +143,9 @@ def flushed(options: Mapping[str, Any], name: str, guarded: Iterable[str] = ()) 
     """``UserWarning`` for every hyper-parameter XLA would flush to zero: a nonzero
     value below float32's smallest normal number (1.1754944e-38).
 
-    XLA's CPU and GPU code flushes subnormal numbers to zero in arithmetic (float32,
-    and float64 below its own smallest normal), where torch computes with them, so
-    such a value acts as 0. ``guarded`` names the options the rule keeps at the
+    XLA on the CPU flushes subnormal numbers to zero in arithmetic (float32, and
+    float64 below its own smallest normal), where torch computes with them, so such a
+    value acts as 0. ``guarded`` names the options the rule keeps at the
     smallest normal instead (a guard like ``eps``, which then gives torch's numbers);
     they need no warning. A pair's elements are named ``betas[0]``.
     """

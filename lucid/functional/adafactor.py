@@ -27,10 +27,12 @@ kept as size 1) and ``col_var`` (the second-to-last axis reduced); a vector
 the weight decay, as torch does.
 
 torch computes ``t**tau``, ``rho_t``, ``alpha_t`` and the clipping divisor as
-host floats (``.item()``); here they are device scalars in the parameter's
-compute dtype, so a step needs no host round trip and a float32 program needs
-no float64. This rule reduces over whole parameters, so it is not elementwise:
-the compiled step updates each parameter as itself.
+host floats (``.item()``), the two maxima with Python's ``max``, where a NaN never
+wins (a NaN gradient entry spoils its own entries, not the whole parameter); here
+they are device scalars in the parameter's compute dtype, compared the same way, so
+a step needs no host round trip and a float32 program needs no float64. This rule
+reduces over whole parameters, so it is not elementwise: the compiled step updates
+each parameter as itself.
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ p &\\leftarrow p - \\operatorname{sign}(g)\\, \\Delta, \\qquad g' \\leftarrow g
 \\end{aligned}
 $$
 
-The per-element step size ``step_size`` starts as ``lr`` everywhere (``lr``
-has no effect after that), and where the gradient changed sign the *zeroed*
-gradient is what is stored as ``prev``, as in torch. (``optax.rprop`` differs:
-it returns the previous step's update.)
+``sign`` is torch's, 0 for NaN: a NaN gradient entry keeps its step size and
+its parameter, as in torch. The per-element step size ``step_size`` starts as
+``lr`` everywhere (``lr`` has no effect after that), and where the gradient
+changed sign the *zeroed* gradient is what is stored as ``prev``, as in torch.
+(``optax.rprop`` differs: it returns the previous step's update.)
 """
 
 from __future__ import annotations
