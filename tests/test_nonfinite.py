@@ -24,7 +24,7 @@ from cases import CASES, case_id, functional
 from jax.experimental import sparse
 
 import lucid
-from lucid.functional import lbfgs, sparse_adam
+from lucid.functional import lbfgs
 
 STEPS = 4
 NAN, INF = float("nan"), float("inf")
@@ -38,15 +38,19 @@ BAD_GRADS = {
     "ninf": ((4,), {1: [((1,), -INF)]}),  # a vector: Adafactor's unfactored path
     "together": ((5, 3), {2: [((1, 2), NAN), ((3, 0), INF), ((0, 1), -INF)], 3: [((4, 2), NAN)]}),
     "first": ((4,), {0: [((0,), NAN), ((3,), -INF)]}),
-    "param_nan": ((3, 2), {}),
-    "param_inf": ((3, 2), {}),
-    "clean": ((3,), {}),
+    "params": ((3, 2), {}),  # NaN and inf in the parameter, finite gradients
 }
-BAD_PARAMS = {"param_nan": [((0, 1), NAN)], "param_inf": [((2, 1), INF), ((0, 0), -INF)]}
+BAD_PARAMS = {"params": [((0, 1), NAN), ((2, 1), INF), ((0, 0), -INF)]}
+# Muon: matrices only, and a NaN or inf anywhere spoils a whole matrix's iteration
+MUON_KEYS = ("nan", "pinf", "together", "params")
+
+
+def _keys(name: str) -> list[str]:
+    return sorted(MUON_KEYS if name == "Muon" else BAD_GRADS)
 
 
 def _shape(name: str, key: str) -> tuple[int, ...]:
-    # Muon takes matrices only; one shape for all, so its iteration compiles once
+    # Muon: one shape for all, so its iteration compiles once
     return (5, 4) if name == "Muon" else BAD_GRADS[key][0]
 
 
@@ -57,7 +61,7 @@ def _at(shape: tuple[int, ...], index: tuple[int, ...]) -> tuple[int, ...]:
 def initial(name: str) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
     params = {}
-    for key in sorted(BAD_GRADS):
+    for key in _keys(name):
         shape = _shape(name, key)
         value = rng.normal(size=shape).astype(np.float32)
         for index, bad in BAD_PARAMS.get(key, []):
@@ -71,7 +75,7 @@ def gradients(name: str) -> list[dict[str, np.ndarray]]:
     steps = []
     for step in range(STEPS):
         grads = {}
-        for key in sorted(BAD_GRADS):
+        for key in _keys(name):
             shape, bad = _shape(name, key), BAD_GRADS[key][1]
             value = rng.normal(size=shape).astype(np.float32)
             for index, entry in bad.get(step, []):
@@ -189,10 +193,17 @@ def test_class_puts_nan_and_inf_where_torch_does_in_params_and_state(case, compi
         assert_state_like_torch(opt.state_dict(), torch_sd, rtol, atol)
 
 
-# ------------------------------------------------------------ SparseAdam, sparse gradients
+# ------------------------------------------------------------------- sparse gradients
 
 SPARSE_INDICES = np.array([[0, 2, 2, 4, 1], [1, 0, 1, 1, 0]])  # (row, column) of 5 entries
 SPARSE_BAD = {1: [(0, NAN)], 2: [(2, INF), (3, -INF)]}  # step -> (stored entry, value)
+# the optimizers torch gives sparse gradients; eps=1e-40 is a guard (no warning)
+SPARSE_CASES = [
+    ("SparseAdam", {"lr": 0.1}),
+    ("SparseAdam", {"lr": 0.1, "eps": 1e-40}),
+    ("Adagrad", {"lr": 0.1, "eps": 1e-40}),
+    ("SGD", {"lr": 0.1, "momentum": 0.9}),
+]
 
 
 def _sparse_values(step: int, rng: np.random.Generator) -> np.ndarray:
@@ -203,15 +214,16 @@ def _sparse_values(step: int, rng: np.random.Generator) -> np.ndarray:
     return values
 
 
-def _run_sparse_torch(options: dict, init: np.ndarray) -> np.ndarray:
+def _run_sparse_torch(name: str, options: dict, init: np.ndarray) -> np.ndarray:
     rng = np.random.default_rng(5)
     param = torch.tensor(init, requires_grad=True)
-    opt = torch.optim.SparseAdam([param], **options)
-    for step in range(STEPS):
-        values = torch.tensor(_sparse_values(step, rng))
-        indices = torch.tensor(SPARSE_INDICES)
-        param.grad = torch.sparse_coo_tensor(indices, values, init.shape, check_invariants=True)
-        opt.step()
+    opt = getattr(torch.optim, name)([param], **options)
+    with torch.sparse.check_sparse_tensor_invariants():  # torch's own sparse tensors too
+        for step in range(STEPS):
+            values = torch.tensor(_sparse_values(step, rng))
+            indices = torch.tensor(SPARSE_INDICES)
+            param.grad = torch.sparse_coo_tensor(indices, values, init.shape)
+            opt.step()
     return param.detach().numpy().copy()
 
 
@@ -221,18 +233,17 @@ def _bcoo(step: int, rng: np.random.Generator, shape: tuple) -> sparse.BCOO:
 
 
 @pytest.mark.parametrize("form", ["functional", "eager", "compiled"])
-@pytest.mark.parametrize(
-    "options", [{"lr": 0.1}, {"lr": 0.1, "eps": 1e-40}], ids=["eps", "eps=1e-40"]
-)
-def test_sparse_adam_puts_nan_and_inf_where_torch_does(options, form):
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=case_id)
+def test_sparse_gradients_put_nan_and_inf_where_torch_does(case, form):
+    name, options = case
     init = np.random.default_rng(4).normal(size=(5, 2)).astype(np.float32)
-    expected = _run_sparse_torch(options, init)
+    expected = _run_sparse_torch(name, options, init)
     assert np.isnan(expected).any() and not np.isnan(expected[1, 0])  # the stored zero
     rng = np.random.default_rng(5)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # eps is a guard: kept at the smallest normal, no warning
+        warnings.simplefilter("error")
         if form == "functional":
-            tx = sparse_adam(**options)
+            tx = functional(name)(**options)
             params = jnp.asarray(init)
             state = tx.init(params)
             for step in range(STEPS):
@@ -241,14 +252,14 @@ def test_sparse_adam_puts_nan_and_inf_where_torch_does(options, form):
             actual = np.asarray(params)
         else:
             param = lucid.Parameter(jnp.asarray(init))
-            opt = lucid.optim.SparseAdam([param], **options)
+            opt = getattr(lucid.optim, name)([param], **options)
             if form == "compiled":
                 opt = lucid.compile_optimizer(opt)
             for step in range(STEPS):
                 param.grad = _bcoo(step, rng, init.shape)
                 opt.step()
             actual = np.asarray(param.data)
-    assert_like_torch(actual, expected, RTOL, ATOL, "SparseAdam's parameter")
+    assert_like_torch(actual, expected, RTOL, ATOL, f"{name}'s parameter")
 
 
 # ------------------------------------------------------------------------------- LBFGS
@@ -381,9 +392,9 @@ def _zero_gradient_problem(name: str) -> tuple[dict, list]:
     """``z``: a gradient of zeros throughout; ``w``: one column of zeros; ``b``: one zero
     entry (Muon: matrices only)."""
     rng = np.random.default_rng(7)
-    shapes = {"b": (3,), "w": (5, 3), "z": (4, 3)}
+    shapes = {"b": (3,), "w": (5, 3), "z": (5, 3)}
     if name == "Muon":
-        shapes = {"w": (5, 3), "z": (4, 3)}
+        shapes = {"w": (5, 3), "z": (5, 3)}
     init = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
     grads = []
     for _ in range(STEPS):
