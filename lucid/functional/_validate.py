@@ -10,7 +10,9 @@ before they run: their type and size are checked, their value is not.
 
 from __future__ import annotations
 
+import inspect
 import numbers
+import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -172,8 +174,19 @@ def flushed(options: Mapping[str, Any], name: str, guarded: Iterable[str] = ()) 
                     "float32 arithmetic lucid computes with 0 where torch "
                     f"computes with {number!r}",
                     UserWarning,
-                    stacklevel=4,
+                    stacklevel=_caller_outside_lucid(),
                 )
+
+
+def _caller_outside_lucid() -> int:
+    """The ``stacklevel`` (seen from ``flushed``) of the first frame outside the lucid
+    package: the user's line that made the transform, optimizer or group."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = inspect.currentframe()
+    frame, level = (here.f_back if here is not None else None), 1  # flushed's frame
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def common(options: Mapping[str, Any], name: str) -> None:
