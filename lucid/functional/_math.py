@@ -23,6 +23,40 @@ def lerp(start: Array, end: Array, weight: Array) -> Array:
     return jnp.where(low, start, end) + jnp.where(low, weight, -(1 - weight)) * diff
 
 
+def sign(x: Array) -> Array:
+    """``torch.sign``: ``1``, ``-1`` or ``0``, and ``0`` for NaN (``jnp.sign`` gives NaN)."""
+    one = jnp.ones_like(x)
+    return jnp.where(x > 0, one, jnp.where(x < 0, -one, jnp.zeros_like(x)))
+
+
+def host_max(floor: Array, x: Array) -> Array:
+    """Python's ``max(floor, x)`` of host floats, as torch computes ``max(eps2, rms)``:
+    ``x`` where it is greater, else ``floor``, so a NaN ``x`` gives ``floor``
+    (``jnp.maximum`` gives NaN)."""
+    return jnp.where(x > floor, x, floor)
+
+
+def guard(eps: Array) -> Array:
+    """A guard against dividing by zero (``eps``) as XLA can compute with it: a nonzero
+    subnormal value becomes its dtype's smallest normal number.
+
+    XLA on CPU flushes subnormal numbers to zero in every arithmetic operation, so
+    ``Adam(eps=1e-40)`` would divide ``0 / 0`` where torch divides ``0 / 1e-40``.
+    The test is on the bits (a comparison would see the flushed value), so a runtime
+    value works as well as a constant; normal values and zero pass unchanged.
+    """
+    eps = jnp.asarray(eps)
+    info = jnp.finfo(eps.dtype)
+    if info.bits not in (32, 64):  # the compute dtypes; nothing to do elsewhere
+        return eps
+    uint = jnp.uint32 if info.bits == 32 else jnp.uint64
+    bits = jax.lax.bitcast_convert_type(eps, uint)
+    magnitude = bits & uint((1 << (info.bits - 1)) - 1)
+    smallest_normal = jax.lax.bitcast_convert_type(jnp.asarray(info.tiny, eps.dtype), uint)
+    subnormal = (magnitude != 0) & (magnitude < smallest_normal)
+    return jnp.where(subnormal, jnp.asarray(info.tiny, eps.dtype), eps)
+
+
 def one_minus_pow(one_minus_beta: Array, step: Array) -> Array:
     """``1 - beta**step`` computed as ``-expm1(step * log1p(-(1 - beta)))``.
 

@@ -83,6 +83,11 @@ class Rule:
         fields may have shapes of their own.
       check_at_step: checks torch makes at a step rather than at construction
         (Muon's ``ns_steps``), run before every step moves anything.
+      guarded: options (torch's names, ``eps[0]`` for an element of a pair) the rule
+        keeps at its dtype's smallest normal number when they are nonzero and subnormal
+        (``_math.guard``: a divisor's guard such as ``eps``), so that XLA's flush to zero
+        does not turn torch's ``0 / eps`` into ``0 / 0``; every other nonzero option
+        below float32's smallest normal warns when the options are checked.
       storage_dtype: ``update`` also receives ``storage_dtype=`` (the dtype the
         parameter is stored in, before the upcast to the compute dtype), for a
         rule whose math depends on it (Adafactor's default ``eps1`` is that
@@ -107,25 +112,34 @@ class Rule:
     elementwise: bool = True
     storage_dtype: bool = False
     check_at_step: Callable[[Options], None] | None = None
+    guarded: tuple[str, ...] = ()
 
-    def check(self, options: Options, *, schedules: bool = False) -> None:
+    def check(self, options: Options, *, schedules: bool = False, warn: bool = True) -> None:
         """Every check of a group's options, before anything uses them: torch's value
         checks (``validate``), then every float hyper-parameter a real scalar.
 
         ``schedules``: whether a hyper-parameter may be a schedule (the functional
         transforms: yes; ``lucid.optim``'s groups, read as host numbers: no).
+        ``warn``: warn about values XLA flushes to zero (``_validate.flushed``): when a
+        transform or optimizer is made, a group added or loaded; not at every step.
 
         Raises:
           ValueError: torch's conditions (``Invalid learning rate: -1.0``,
             ``Tensor lr must be 1-element``).
           TypeError: a hyper-parameter that is not a real number or one-element array.
+
+        Warns:
+          UserWarning: (with ``warn``) a nonzero option below float32's smallest normal
+            number, which XLA flushes to zero, naming the option and its value.
         """
         self.validate(options)
         _validate.hypers(self.split(options)[0], schedules=schedules)
+        if warn:
+            _validate.flushed(options, self.name, self.guarded)
 
     def check_step(self, options: Options) -> None:
         """``check``, and the checks torch makes only when stepping."""
-        self.check(options)
+        self.check(options, warn=False)
         if self.check_at_step is not None:
             self.check_at_step(options)
 
@@ -438,6 +452,13 @@ def check_same_structure(
             )
 
 
+def _delta(new: Array, old: Array) -> Array:
+    """The update ``new - old`` that ``optax.apply_updates`` adds back, and ``0`` where the
+    parameter stays as it was: an infinite parameter that stays infinite (torch's
+    ``p - lr * g`` of ``p = -inf``) would otherwise get ``inf - inf = NaN``."""
+    return jnp.where(new == old, jnp.zeros_like(new), new - old)
+
+
 def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
     """Turn ``rule`` with torch-style ``options`` into an optax transformation.
 
@@ -445,7 +466,8 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
     like ``params``; ``update(grads, state, params)`` evaluates schedules at the
     number of updates done so far, applies the rule to every leaf and returns
     ``new_params - params`` as the update (so ``optax.apply_updates`` lands on
-    torch's new parameters).
+    torch's new parameters), 0 where a parameter stays as it was (an infinite one
+    included).
     """
     rule.check(options, schedules=True)
     if rule.check_at_step is not None:  # a transform has no later moment to refuse at
@@ -481,7 +503,7 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
         for p, g, s in zip(leaves, grad_leaves, leaf_states):
             values = pack(rule, resolve(hyper, step_count(s), compute_dtype(p.dtype)))
             new_p, new_s = apply_leaf(rule, flags, values, p, g, s)
-            updates.append(new_p - p)
+            updates.append(_delta(new_p, p))
             new_states.append(new_s)
         return treedef.unflatten(updates), _transpose_out(new_states, treedef, rule.state)
 

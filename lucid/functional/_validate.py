@@ -10,8 +10,11 @@ before they run: their type and size are checked, their value is not.
 
 from __future__ import annotations
 
+import inspect
 import numbers
-from collections.abc import Mapping, Sequence
+import os
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -132,6 +135,59 @@ def hypers(hyper: Mapping[str, Any], *, schedules: bool) -> None:
     for name, value in hyper.items():
         if type(value) is not float:
             scalar(value, name, schedules=schedules)
+
+
+# float32's smallest normal number: XLA flushes anything smaller (but zero) to zero
+FLOAT32_SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
+_SMALLEST_SHOWN = str(np.float32(FLOAT32_SMALLEST_NORMAL))  # 1.1754944e-38
+
+
+def flushed(options: Mapping[str, Any], name: str, guarded: Iterable[str] = ()) -> None:
+    """``UserWarning`` for every hyper-parameter XLA would flush to zero: a nonzero
+    value below float32's smallest normal number (1.1754944e-38).
+
+    XLA on the CPU flushes subnormal numbers to zero in arithmetic (float32, and
+    float64 below its own smallest normal), where torch computes with them, so such a
+    value acts as 0. ``guarded`` names the options the rule keeps at the
+    smallest normal instead (a guard like ``eps``, which then gives torch's numbers);
+    they need no warning. A pair's elements are named ``betas[0]``.
+    """
+    skip = set(guarded)
+    for key, value in options.items():
+        items = (
+            [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+            if isinstance(value, tuple | list)
+            else [(key, value)]
+        )
+        for label, item in items:
+            if key in ("params", "param_names") or label in skip:
+                continue
+            if isinstance(item, bool | str) or item is None:
+                continue
+            try:
+                number = scalar(item, label, schedules=True)
+            except (TypeError, ValueError):  # not a scalar: the value checks say so
+                continue
+            if number is not None and 0.0 < abs(number) < FLOAT32_SMALLEST_NORMAL:
+                warnings.warn(
+                    f"{name}: {label}={number!r} is below float32's smallest normal number "
+                    f"({_SMALLEST_SHOWN}); XLA flushes such subnormal numbers to zero, so in "
+                    "float32 arithmetic lucid computes with 0 where torch "
+                    f"computes with {number!r}",
+                    UserWarning,
+                    stacklevel=_caller_outside_lucid(),
+                )
+
+
+def _caller_outside_lucid() -> int:
+    """The ``stacklevel`` (seen from ``flushed``) of the first frame outside the lucid
+    package: the user's line that made the transform, optimizer or group."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = inspect.currentframe()
+    frame, level = (here.f_back if here is not None else None), 1  # flushed's frame
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def common(options: Mapping[str, Any], name: str) -> None:

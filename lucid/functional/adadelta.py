@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _validate
+from ._math import guard
 from ._rule import Rule, is_number, is_zero
 from ._signature import (
     CAPTURABLE,
@@ -81,7 +82,7 @@ def _update(param, grad, state, h, *, use_weight_decay, maximize):
     g = -grad if maximize else grad
     if use_weight_decay:
         g = g + h["weight_decay"] * param
-    rho, one_minus_rho, eps = h["rho"], h["one_minus_rho"], h["eps"]
+    rho, one_minus_rho, eps = h["rho"], h["one_minus_rho"], guard(h["eps"])
     square_avg = state.square_avg * rho + one_minus_rho * g * g
     std = jnp.sqrt(square_avg + eps)
     delta = jnp.sqrt(state.acc_delta + eps) / std * g
@@ -98,6 +99,7 @@ ADADELTA = Rule(
     init=_init,
     update=_update,
     complements=("rho",),
+    guarded=("eps",),
 )
 
 

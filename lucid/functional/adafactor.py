@@ -27,10 +27,12 @@ kept as size 1) and ``col_var`` (the second-to-last axis reduced); a vector
 the weight decay, as torch does.
 
 torch computes ``t**tau``, ``rho_t``, ``alpha_t`` and the clipping divisor as
-host floats (``.item()``); here they are device scalars in the parameter's
-compute dtype, so a step needs no host round trip and a float32 program needs
-no float64. This rule reduces over whole parameters, so it is not elementwise:
-the compiled step updates each parameter as itself.
+host floats (``.item()``), the two maxima with Python's ``max``, where a NaN never
+wins (a NaN gradient entry spoils its own entries, not the whole parameter); here
+they are device scalars in the parameter's compute dtype, compared the same way, so
+a step needs no host round trip and a float32 program needs no float64. This rule
+reduces over whole parameters, so it is not elementwise: the compiled step updates
+each parameter as itself.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._math import lerp
+from ._math import guard, host_max, lerp
 from ._rule import Rule, is_number, is_zero
 from ._signature import (
     FOREACH,
@@ -118,6 +120,8 @@ def _split(o: dict) -> tuple[dict, dict]:
     }
     if eps1 is not None:
         hyper["eps1"] = eps1
+        if is_number(eps1):  # torch squares a float eps1 on the host, in double precision
+            hyper["eps1_squared"] = float(eps1) * float(eps1)
     flags = {
         "maximize": bool(o["maximize"]),
         "use_weight_decay": not is_zero(o["weight_decay"]),
@@ -157,10 +161,16 @@ def _update(param, grad, state, h, *, maximize, use_weight_decay, eps1_from_dtyp
     step = state.step + 1
     t = step.astype(param.dtype)
     lr = h["lr"]
-    eps1 = jnp.asarray(jnp.finfo(storage_dtype).eps, param.dtype) if eps1_from_dtype else h["eps1"]
+    if eps1_from_dtype:
+        eps1 = jnp.asarray(jnp.finfo(storage_dtype).eps, param.dtype)
+        eps1_squared = eps1 * eps1
+    else:
+        eps1 = guard(h["eps1"])
+        eps1_squared = guard(h["eps1_squared"]) if "eps1_squared" in h else eps1 * eps1
     weight = t ** h["beta2_decay"]  # 1 - beta2_t, torch's lerp weight
     rho = jnp.minimum(lr, 1 / jnp.sqrt(t))
-    alpha = jnp.maximum(h["eps2"], _rms(param)) * rho  # RMS before the weight decay
+    # torch: Python's max(eps2, rms) of host floats, so a NaN RMS gives eps2
+    alpha = host_max(h["eps2"], _rms(param)) * rho  # RMS before the weight decay
     if use_weight_decay:
         param = param * (1 - lr * h["weight_decay"])
     row_var = col_var = variance = None
@@ -172,8 +182,9 @@ def _update(param, grad, state, h, *, maximize, use_weight_decay, eps1_from_dtyp
     else:
         variance = lerp(state.variance, g * g, weight)
         var_estimate = variance
-    update = jax.lax.rsqrt(jnp.maximum(var_estimate, eps1 * eps1)) * g
-    clip = jnp.maximum(1.0, _rms(update) / h["d"])
+    update = jax.lax.rsqrt(jnp.maximum(var_estimate, eps1_squared)) * g
+    # torch: max(1.0, rms) on the host: a NaN entry spoils its own parameter entry, not all
+    clip = host_max(jnp.ones_like(alpha), _rms(update) / h["d"])
     new_param = param + (-alpha / clip) * update
     return new_param, AdafactorState(step, row_var, col_var, variance)
 
@@ -188,6 +199,7 @@ ADAFACTOR = Rule(
     elementwise=False,
     storage_dtype=True,
     supports_complex=False,
+    guarded=("eps[0]",),
 )
 
 

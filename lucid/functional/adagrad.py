@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _validate
+from ._math import guard
 from ._rule import Rule, is_zero
 from ._signature import (
     DIFFERENTIABLE,
@@ -90,7 +91,7 @@ def _update(param, grad, state, h, *, use_weight_decay, maximize):
         g = g + h["weight_decay"] * param
     clr = h["lr"] / (1 + (t - 1) * h["lr_decay"])
     state_sum = state.sum + g * g
-    std = jnp.sqrt(state_sum) + h["eps"]
+    std = jnp.sqrt(state_sum) + guard(h["eps"])
     new_param = param + (-clr) * g / std
     return new_param, AdagradState(step, state_sum)
 
@@ -124,6 +125,7 @@ ADAGRAD = Rule(
     update=_update,
     sparse_update=_update_sparse,
     sparse_options=_sparse_options,
+    guarded=("eps",),
 )
 
 

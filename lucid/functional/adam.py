@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
-from ._math import one_minus_pow
+from ._math import guard, one_minus_pow
 from ._rule import Rule
 from ._signature import (
     CAPTURABLE,
@@ -99,7 +99,7 @@ def _update(param, grad, state, h, *, amsgrad, maximize, decoupled_weight_decay,
     if amsgrad:
         max_exp_avg_sq = jnp.maximum(state.max_exp_avg_sq, exp_avg_sq)
         second_moment = max_exp_avg_sq
-    denom = jnp.sqrt(second_moment) / bias_correction2_sqrt + h["eps"]
+    denom = jnp.sqrt(second_moment) / bias_correction2_sqrt + guard(h["eps"])
     new_param = param + (-step_size) * exp_avg / denom
     return new_param, AdamState(step, exp_avg, exp_avg_sq, max_exp_avg_sq)
 
@@ -113,6 +113,7 @@ ADAM = Rule(
     update=_update,
     complements=("beta1", "beta2"),
     optional={"max_exp_avg_sq": "amsgrad"},
+    guarded=("eps",),
 )
 ADAMW = dataclasses.replace(ADAM, name="AdamW", validate=lambda o: validate_adam_family(o, "AdamW"))
 

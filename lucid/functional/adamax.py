@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from ._adam_family import decayed, split_adam_family, validate_adam_family
-from ._math import lerp, one_minus_pow
+from ._math import guard, lerp, one_minus_pow
 from ._rule import Rule
 from ._signature import (
     CAPTURABLE,
@@ -70,7 +70,7 @@ def _update(param, grad, state, h, *, use_weight_decay, maximize):
         param, grad, h, maximize=maximize, use_weight_decay=use_weight_decay, decoupled=False
     )
     exp_avg = lerp(state.exp_avg, g, h["one_minus_beta1"])
-    exp_inf = jnp.maximum(state.exp_inf * h["beta2"], jnp.abs(g) + h["eps"])
+    exp_inf = jnp.maximum(state.exp_inf * h["beta2"], jnp.abs(g) + guard(h["eps"]))
     clr = h["lr"] / one_minus_pow(h["one_minus_beta1"], t)
     new_param = param + (-clr) * exp_avg / exp_inf
     return new_param, AdamaxState(step, exp_avg, exp_inf)
@@ -84,6 +84,7 @@ ADAMAX = Rule(
     init=_init,
     update=_update,
     complements=("beta1",),
+    guarded=("eps",),
 )
 
 

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ._math import lerp
+from ._math import guard, lerp
 from ._rule import Rule, is_number
 from ._signature import Arg, Example, Signature, eps, lr, transform_of, weight_decay
 
@@ -94,7 +94,7 @@ def orthogonalize(
     if tall:
         x = x.T
     norm = jnp.sqrt(jnp.sum(jnp.square(x.astype(acc)))).astype(dtype)
-    x = x / jnp.maximum(norm, jnp.asarray(eps, dtype))
+    x = x / jnp.maximum(norm, guard(jnp.asarray(eps, acc)).astype(dtype))
     for _ in range(steps):
         gram = jnp.matmul(x, x.T, preferred_element_type=acc).astype(dtype)
         square = jnp.matmul(gram, gram, preferred_element_type=acc)
@@ -195,6 +195,7 @@ MUON = Rule(
     elementwise=False,
     check_at_step=_check_at_step,
     supports_complex=False,
+    guarded=("eps",),
 )
 
 

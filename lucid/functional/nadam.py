@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from . import _validate
 from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
-from ._math import one_minus_pow
+from ._math import guard, one_minus_pow
 from ._rule import Rule
 from ._signature import (
     CAPTURABLE,
@@ -109,7 +109,7 @@ def _update(param, grad, state, h, *, maximize, decoupled_weight_decay, use_weig
     mu_product = state.mu_product * mu
     mu_product_next = mu_product * mu_next
     exp_avg, exp_avg_sq = moments(state.exp_avg, state.exp_avg_sq, g, h)
-    denom = jnp.sqrt(exp_avg_sq / bias_correction2) + h["eps"]
+    denom = jnp.sqrt(exp_avg_sq / bias_correction2) + guard(h["eps"])
     param = param + (-lr * (1 - mu) / (1 - mu_product)) * g / denom
     param = param + (-lr * mu_next / (1 - mu_product_next)) * exp_avg / denom
     return param, NAdamState(step, exp_avg, exp_avg_sq, mu_product)
@@ -124,6 +124,7 @@ NADAM = Rule(
     update=_update,
     complements=("beta1", "beta2"),
     scalar_state=("step", "mu_product"),
+    guarded=("eps",),
 )
 
 

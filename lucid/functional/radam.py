@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
-from ._math import one_minus_pow, power
+from ._math import guard, one_minus_pow, power
 from ._rule import Rule
 from ._signature import (
     CAPTURABLE,
@@ -128,7 +128,7 @@ def _update(param, grad, state, h, *, maximize, decoupled_weight_decay, use_weig
     # number; evaluate it at rho_inf there (r = 1) so no NaN enters jax.grad.
     rect = _rectification(jnp.where(rectify, rho_t, rho_inf), rho_inf)
     # torch: python_float / tensor is tensor.reciprocal() * python_float.
-    adaptive_lr = (1 / (jnp.sqrt(exp_avg_sq) + h["eps"])) * jnp.sqrt(bias_correction2)
+    adaptive_lr = (1 / (jnp.sqrt(exp_avg_sq) + guard(h["eps"]))) * jnp.sqrt(bias_correction2)
     update = jnp.where(
         rectify,
         bias_corrected_exp_avg * lr * adaptive_lr * rect,
@@ -145,6 +145,7 @@ RADAM = Rule(
     init=_init,
     update=_update,
     complements=("beta1", "beta2"),
+    guarded=("eps",),
 )
 
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _validate
-from ._math import lerp
+from ._math import guard, lerp
 from ._rule import Rule, is_number, is_zero
 from ._signature import (
     CAPTURABLE,
@@ -102,9 +102,9 @@ def _update(param, grad, state, h, *, use_momentum, use_weight_decay, centered, 
     grad_avg = None
     if centered:
         grad_avg = lerp(state.grad_avg, g, h["one_minus_alpha"])
-        avg = jnp.sqrt(square_avg - grad_avg * grad_avg) + h["eps"]
+        avg = jnp.sqrt(square_avg - grad_avg * grad_avg) + guard(h["eps"])
     else:
-        avg = jnp.sqrt(square_avg) + h["eps"]
+        avg = jnp.sqrt(square_avg) + guard(h["eps"])
     buf = None
     if use_momentum:
         buf = state.momentum_buffer * h["momentum"] + g / avg
@@ -123,6 +123,7 @@ RMSPROP = Rule(
     update=_update,
     complements=("alpha",),
     optional={"momentum_buffer": "use_momentum", "grad_avg": "centered"},
+    guarded=("eps",),
 )
 
 

@@ -14,10 +14,11 @@ p &\\leftarrow p - \\operatorname{sign}(g)\\, \\Delta, \\qquad g' \\leftarrow g
 \\end{aligned}
 $$
 
-The per-element step size ``step_size`` starts as ``lr`` everywhere (``lr``
-has no effect after that), and where the gradient changed sign the *zeroed*
-gradient is what is stored as ``prev``, as in torch. (``optax.rprop`` differs:
-it returns the previous step's update.)
+``sign`` is torch's, 0 for NaN: a NaN gradient entry keeps its step size and
+its parameter, as in torch. The per-element step size ``step_size`` starts as
+``lr`` everywhere (``lr`` has no effect after that), and where the gradient
+changed sign the *zeroed* gradient is what is stored as ``prev``, as in torch.
+(``optax.rprop`` differs: it returns the previous step's update.)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from . import _validate
+from . import _math, _validate
 from ._rule import Rule, is_number
 from ._signature import (
     CAPTURABLE,
@@ -88,15 +89,13 @@ def _init(param, hyper, **_) -> RpropState:
 
 def _update(param, grad, state, h, *, maximize):
     g = -grad if maximize else grad
-    sign = jnp.sign(g * state.prev)
-    # array constants, not Python ints: with x64 on those would be int64 constants
-    one, zero = jnp.ones_like(sign), jnp.zeros_like(g)
-    factor = jnp.where(
-        sign > 0, h["etaplus"], jnp.where(sign < 0, h["etaminus"], jnp.where(sign == 0, one, sign))
-    )
+    # torch's sign: 0 for NaN, so a NaN gradient entry keeps its step size and parameter
+    sign = _math.sign(g * state.prev)
+    factor = jnp.where(sign > 0, h["etaplus"], jnp.where(sign < 0, h["etaminus"], 1))
+    factor = factor.astype(g.dtype)  # a Python 1 would be an int64 constant with x64 on
     step_size = jnp.clip(state.step_size * factor, h["step_size_min"], h["step_size_max"])
-    g = jnp.where(factor == h["etaminus"], zero, g)
-    new_param = param - jnp.sign(g) * step_size
+    g = jnp.where(factor == h["etaminus"], jnp.zeros_like(g), g)
+    new_param = param - _math.sign(g) * step_size
     return new_param, RpropState(state.step + 1, g, step_size)
 
 

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _validate
-from ._math import one_minus_pow
+from ._math import guard, one_minus_pow
 from ._rule import Rule
 from ._signature import MAXIMIZE, Example, Signature, betas, eps, lr, transform_of
 
@@ -95,7 +95,7 @@ def lazy_adam(
     g = -grad if maximize else grad
     exp_avg = state.exp_avg + (g - state.exp_avg) * h["one_minus_beta1"]
     exp_avg_sq = state.exp_avg_sq + (g * g - state.exp_avg_sq) * h["one_minus_beta2"]
-    denom = jnp.sqrt(exp_avg_sq) + h["eps"]
+    denom = jnp.sqrt(exp_avg_sq) + guard(h["eps"])
     bias_correction1 = one_minus_pow(h["one_minus_beta1"], t)
     bias_correction2 = one_minus_pow(h["one_minus_beta2"], t)
     step_size = h["lr"] * jnp.sqrt(bias_correction2) / bias_correction1
@@ -242,6 +242,7 @@ SPARSE_ADAM = Rule(
     complements=("beta1", "beta2"),
     sparse_update=_update_sparse,
     supports_complex=False,
+    guarded=("eps",),
 )
 
 

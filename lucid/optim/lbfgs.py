@@ -259,7 +259,7 @@ class LBFGS(Optimizer):
         if closure is None:
             raise ValueError("LBFGS.step needs a closure that re-evaluates the loss")
         group = self.param_groups[0]
-        self.rule.check(group)  # values edited by hand: checked before anything moves
+        self.rule.check(group, warn=False)  # hand edits: checked before anything moves
         lr = host_float(group["lr"], "lr")
         max_iter, max_eval = group["max_iter"], group["max_eval"]
         tolerance_grad, tolerance_change = group["tolerance_grad"], group["tolerance_change"]
