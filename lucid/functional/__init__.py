@@ -7,7 +7,7 @@ weight averages, and [clip_grad_norm][lucid.functional.clip_grad_norm] torch's
 gradient clipping as a transform.
 """
 
-from . import averaging, schedules
+from . import averaging, schedulefree, schedules
 from ._rule import Rule
 from .adadelta import AdadeltaState, adadelta
 from .adafactor import AdafactorState, adafactor
@@ -56,6 +56,7 @@ __all__ = [
     "radam",
     "rmsprop",
     "rprop",
+    "schedulefree",
     "schedules",
     "sgd",
     "sparse_adam",

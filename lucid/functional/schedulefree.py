@@ -636,7 +636,7 @@ def _factory(
                 "an argument the package's signature does not take, or a hyper-parameter "
                 "that is not a real number or one-element array.",
             ),
-            "Examples": public.example.transform(name),
+            "Examples": public.example.transform(f"schedulefree.{name}"),
         },
     )
     return factory

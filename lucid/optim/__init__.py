@@ -8,7 +8,7 @@ step as one compiled executable; [lucid.optim.checkpoint][] saves sharded
 state with orbax.
 """
 
-from . import lr_scheduler, swa_utils
+from . import lr_scheduler, schedulefree, swa_utils
 from ._state import to_torch
 from .adadelta import Adadelta
 from .adafactor import Adafactor
@@ -85,6 +85,7 @@ __all__ = [
     "compile_optimizer",
     "fused_step",
     "lr_scheduler",
+    "schedulefree",
     "swa_utils",
     "to_torch",
 ]
