@@ -336,16 +336,28 @@ def _update_for(kind: str, closure: bool) -> Callable[..., tuple[Array, Schedule
 
 def _validate_for(name: str) -> Callable[[Mapping[str, Any]], None]:
     def validate(o: Mapping[str, Any]) -> None:
-        # the package checks values only in SGD's constructors (lucid.optim's classes run
-        # those checks there too); here, what every group needs: real scalars of the
-        # right kinds, so the step's scalars can be computed
+        # the package checks values only in SGD's constructors; lucid checks every group
+        # (added, edited or loaded) the same way, and that every hyper-parameter is a
+        # real scalar, so the step's scalars can be computed
         for key in ("lr", "weight_decay", "r", "weight_lr_power"):
             _validate.scalar(o[key], key, schedules=key == "lr")
         if "momentum" in o:
             _validate.scalar(o["momentum"], "momentum", schedules=False)
+            check_sgd(o)
         else:
             _validate.check_pair(o["betas"], "betas")
             _validate.scalar(o["eps"], "eps", schedules=False)
+            beta2 = _validate.scalar(o["betas"][1], "betas[1]")
+            if name.startswith("RAdam") and beta2 is not None and beta2 >= 1:
+                raise ValueError(
+                    f"{name} divides by 1 - betas[1] (ρ∞ = 2/(1-β₂) - 1): betas[1] must be "
+                    f"below 1, got {o['betas'][1]}"
+                )
+            if name.endswith("Closure") and _validate.scalar(o["betas"][0], "betas[0]") == 0:
+                raise ValueError(
+                    f"{name} divides by betas[0] at every step (x = lerp(y, z, 1 - 1/β₁)): "
+                    "it must not be 0"
+                )
         if "warmup_steps" in o:
             _validate.scalar(o["warmup_steps"], "warmup_steps", schedules=False)
         for key in ("k", "lr_max", "weight_sum"):
@@ -356,19 +368,24 @@ def _validate_for(name: str) -> Callable[[Mapping[str, Any]], None]:
 
 
 def check_sgd(o: Mapping[str, Any]) -> None:
-    """The package's checks in `SGDScheduleFree`'s constructor (and the closure form's).
+    """The package's checks in `SGDScheduleFree`'s constructor (and the closure form's),
+    with its messages.
+
+    Args:
+      o: the options (a group).
 
     Raises:
-      ValueError: `Invalid learning rate: -1`, `Invalid weight_decay value: -1`,
-        `Momentum must be between 0 and 1 exclusive: 1`.
+      ValueError: `Invalid learning rate: -1.0`, `Invalid weight_decay value: -1.0`,
+        `Momentum must be between 0 and 1 exclusive: 1.0`.
     """
-    lr, decay, momentum = o["lr"], o["weight_decay"], o["momentum"]
-    if _validate.scalar(lr, "lr") is not None and lr < 0.0:
-        raise ValueError(f"Invalid learning rate: {lr}")
-    if decay < 0.0:
-        raise ValueError(f"Invalid weight_decay value: {decay}")
+    lr = _validate.scalar(o["lr"], "lr")
+    if lr is not None and lr < 0.0:
+        raise ValueError(f"Invalid learning rate: {o['lr']}")
+    if _validate.scalar(o["weight_decay"], "weight_decay") < 0.0:
+        raise ValueError(f"Invalid weight_decay value: {o['weight_decay']}")
+    momentum = _validate.scalar(o["momentum"], "momentum")
     if momentum <= 0 or momentum >= 1:
-        raise ValueError(f"Momentum must be between 0 and 1 exclusive: {momentum}")
+        raise ValueError(f"Momentum must be between 0 and 1 exclusive: {o['momentum']}")
 
 
 def _rule(name: str, closure: bool) -> Rule:

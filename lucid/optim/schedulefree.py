@@ -77,11 +77,6 @@ class _ScheduleFree(Optimizer):
 
     _closure_form = False
 
-    def constructed(self) -> None:
-        """The package's constructor checks (only SGD's constructors check values)."""
-        if "momentum" in self.defaults:
-            _sf.check_sgd(self.defaults)
-
     def _move(self, groups: list[dict[str, Any]], to_eval: bool) -> None:
         """Move the parameters of ``groups`` that have state along ``lerp(p, z, w)``."""
         states = self.backend.states()
