@@ -45,8 +45,10 @@ MODULES = [
     "lucid.optim.lr_scheduler",
     "lucid.optim.swa_utils",
     "lucid.optim.checkpoint",
+    "lucid.optim.schedulefree",
     "lucid.functional",
     "lucid.functional.schedules",
+    "lucid.functional.schedulefree",
     "lucid.nn",
     "lucid.nn.utils",
 ]

@@ -82,12 +82,6 @@ from ._signature import Arg, Example, Signature, docstring, entry
 Array = jax.Array
 
 __all__ = [
-    "ADAMW_SCHEDULEFREE_CLOSURE_SIGNATURE",
-    "ADAMW_SCHEDULEFREE_SIGNATURE",
-    "RADAM_SCHEDULEFREE_CLOSURE_SIGNATURE",
-    "RADAM_SCHEDULEFREE_SIGNATURE",
-    "SGD_SCHEDULEFREE_CLOSURE_SIGNATURE",
-    "SGD_SCHEDULEFREE_SIGNATURE",
     "ScheduleFreeState",
     "ScheduleFreeTransformState",
     "adamw_schedulefree",
