@@ -596,3 +596,95 @@ def test_every_class_is_registered_and_exported():
         isinstance(getattr(LOS, n)([lucid.Parameter(jnp.ones(1))]), lucid.optim.Optimizer)
         for n in ALL
     )
+
+
+# ------------------------------------------------------------------ ScheduleFreeWrapper
+
+
+class WrapperPair(Pair):
+    """The package's wrapper around torch's SGD and lucid's around lucid's SGD (the
+    package's wrapper needs a base that creates state by key, as torch's SGD does)."""
+
+    def __init__(self, base_options, options, dtype, *, compiled=False):
+        self.name, self.options, self.dtype, self.closure_form = "wrapper", options, dtype, False
+        init = problem()
+        tdtype = TORCH_DTYPE[dtype]
+        self.t = {k: torch.tensor(v, dtype=tdtype, requires_grad=True) for k, v in init.items()}
+        self.p = {k: lucid.Parameter(jnp.asarray(v, dtype)) for k, v in init.items()}
+        self.base_options = base_options
+        tbase = torch.optim.SGD([self.t["w"], self.t["b"]], **base_options)
+        lbase = lucid.optim.SGD([self.p["w"], self.p["b"]], **base_options)
+        if compiled:
+            lucid.compile_optimizer(lbase)
+        self.topt = schedulefree.ScheduleFreeWrapper(tbase, **options)
+        self.lopt = LOS.ScheduleFreeWrapper(lbase, **options)
+
+
+WRAPPER_CASES = [
+    ({"lr": 0.1}, {}),
+    ({"lr": 0.1, "momentum": 0.5, "weight_decay": 0.01}, {"momentum": 0.8, "r": 1.0}),
+    ({"lr": 0.1, "momentum": 0.9, "nesterov": True}, {"weight_decay_at_y": 0.1}),
+    ({"lr": 0.1}, {"weight_lr_power": 0.0, "momentum": 0.5}),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", WRAPPER_CASES, ids=str)
+def test_wrapper_matches_the_package(case, dtype):
+    pair = WrapperPair(*case, dtype)
+    with pytest.raises(RuntimeError, match="not in train mode"):
+        pair.lopt.step()
+    pair.train()
+    pair.step(skip_b=True)
+    pair.check()
+    _run(pair, 4)
+    pair.eval()
+    pair.check()
+    pair.train()
+    _run(pair, 2)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_wrapper_checkpoints_move_both_ways(compiled):
+    pair = WrapperPair(*WRAPPER_CASES[1], "float64", compiled=compiled)
+    pair.train()
+    _run(pair, 3)
+    pair.eval()
+    lbase = lucid.optim.SGD([pair.p["w"], pair.p["b"]], **pair.base_options)
+    fresh = LOS.ScheduleFreeWrapper(lbase, **pair.options)
+    fresh.load_state_dict(pair.topt.state_dict())
+    fresh.train_mode = False
+    pair.lopt = fresh
+    pair.check()
+    pair.train()
+    _run(pair, 2)
+    tbase = torch.optim.SGD([pair.t["w"], pair.t["b"]], **pair.base_options)
+    theirs = schedulefree.ScheduleFreeWrapper(tbase, **pair.options)
+    theirs.load_state_dict(lucid.optim.to_torch(pair.lopt.state_dict()))
+    theirs.train_mode = True
+    pair.topt = theirs
+    pair.check()
+    _run(pair, 2)
+    with pytest.raises(ValueError):
+        fresh.load_state_dict(
+            {"state": {7: {"z": np.zeros(3)}}, "param_groups": [{"params": [0, 1]}]}
+        )
+
+
+def test_wrapper_works_with_any_lucid_base():
+    # the package's wrapper raises KeyError with torch's Adam or RMSprop as the base (their
+    # state is created only when empty, and the wrapper's z is in it); lucid keeps z apart
+    w = lucid.Parameter(jnp.array([1.0, -2.0]))
+    opt = LOS.ScheduleFreeWrapper(lucid.optim.Adam([w], lr=0.1))
+    opt.train()
+    for _ in range(3):
+        w.grad = 2 * w.data
+        opt.step()
+    assert set(opt.state[w]) == {"step", "exp_avg", "exp_avg_sq", "z"}
+    assert set(opt.state_dict()["state"][0]) == {"step", "exp_avg", "exp_avg_sq", "z"}
+    t = torch.tensor([1.0, -2.0], requires_grad=True)
+    theirs = schedulefree.ScheduleFreeWrapper(torch.optim.Adam([t], lr=0.1))
+    theirs.train()
+    t.grad = 2 * t.detach()
+    with pytest.raises(KeyError):
+        theirs.step()

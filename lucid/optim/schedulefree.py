@@ -36,6 +36,7 @@ __all__ = [
     "RAdamScheduleFreeClosure",
     "SGDScheduleFree",
     "SGDScheduleFreeClosure",
+    "ScheduleFreeWrapper",
 ]
 
 _NOT_TRAINING = (
@@ -316,3 +317,277 @@ class RAdamScheduleFreeClosure(_Closure):
         "[0.72, -1.44]",
     )
     rule = _class_rule(_sf.RADAM_SCHEDULEFREE_CLOSURE)
+
+
+@jax.jit
+def _wrapper_before(params: list, zs: list, decay_z: list, decay_p: list, unextrapolate: list):
+    """y -> x for every stepped parameter, after the decay at y; returns (x, new z)."""
+    xs, new_zs = [], []
+    for p, z, dz, dp, w in zip(params, zs, decay_z, decay_p, unextrapolate):
+        z = z - dz * p
+        p = p - dp * p
+        xs.append(_sf._lerp(p, z, w))
+        new_zs.append(z)
+    return xs, new_zs
+
+
+@jax.jit
+def _wrapper_after(xs: list, zs: list, ckp1: list, extrapolate: list) -> list:
+    """The new y: x averaged towards the new z, then moved to y."""
+    return [_sf._lerp(_sf._lerp(x, z, c), z, e) for x, z, c, e in zip(xs, zs, ckp1, extrapolate)]
+
+
+class ScheduleFreeWrapper:
+    """`schedulefree.ScheduleFreeWrapper`: any lucid optimizer made Schedule-Free.
+
+    The base optimizer steps the sequence $z$; the wrapper keeps the average $x$ and the
+    parameters at $y$ (train mode) or $x$ (eval mode), as the package's wrapper does. At
+    each step, for every parameter with a gradient: the decay at $y$
+    ($z \\leftarrow z - \\gamma\\lambda_y y$, $y \\leftarrow y - \\gamma\\lambda_y(1-\\beta) y$),
+    $x = \\mathrm{lerp}(y, z, 1-1/\\beta)$, the parameter set to $z$ and the base optimizer's
+    `step()` run on it (with the gradient taken at $y$); then per group
+    $\\gamma_{\\max} = \\max(\\gamma_{\\max}, \\gamma\\, d)$ (`d` a group's D-Adaptation factor,
+    1 when absent), $w = (k+1)^r \\gamma_{\\max}^{p}$, $c = w / \\sum w$, and the parameter
+    becomes $\\mathrm{lerp}(\\mathrm{lerp}(x, z, c), z, 1-\\beta)$. The groups of the base
+    optimizer gain the package's `k`, `lr_max` and `weight_sum` entries, and its
+    `state_dict()` each parameter's `z`, so a checkpoint moves to and from the package's
+    wrapper around the same torch optimizer.
+
+    Args:
+      base: the optimizer that steps $z$ (a lucid optimizer, compiled or not).
+      weight_decay_at_y: $\\lambda_y$, weight decay computed at $y$ (set the base's own
+        weight decay to decay at $z$ instead).
+      momentum: $\\beta$, the interpolation between $x$ and $z$.
+      weight_lr_power: the power of `lr_max` in the averaging weights.
+      r: the power of the polynomial weighting `(k+1)^r`.
+
+    Attributes:
+      base: the wrapped optimizer.
+      weight_decay_at_y: $\\lambda_y$.
+      momentum: $\\beta$.
+      weight_lr_power: the power of `lr_max` in the weights.
+      r: the polynomial weighting's power.
+      train_mode: whether the parameters hold $y$ (`False` at construction, as the
+        package's).
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
+      >>> base = lucid.optim.SGD([w], lr=0.1)
+      >>> opt = lucid.optim.schedulefree.ScheduleFreeWrapper(base, momentum=0.9)
+      >>> opt.train()
+      >>> for _ in range(2):
+      ...     w.grad = jnp.array([0.5, -1.0])
+      ...     opt.step()
+      >>> opt.eval()
+      >>> [round(v, 4) for v in w.data.tolist()], opt.param_groups[0]["k"]
+      ([0.925, -1.85], 2)
+    """
+
+    def __init__(
+        self,
+        base: Any,
+        weight_decay_at_y: float = 0.0,
+        momentum: float = 0.9,
+        weight_lr_power: float = 2,
+        r: float = 0,
+    ) -> None:
+        self.base = base
+        self.weight_decay_at_y = weight_decay_at_y
+        self.weight_lr_power = weight_lr_power
+        self.r = r
+        self.momentum = momentum
+        self.train_mode = False
+        self._z: dict[Any, jax.Array] = {}
+
+    # -- the base optimizer's API
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The base optimizer's `param_groups` (with the wrapper's `k`, `lr_max`,
+        `weight_sum` once it has stepped)."""
+        return self.base.param_groups
+
+    @property
+    def state(self) -> dict[Any, dict[str, Any]]:
+        """The base optimizer's per-parameter state, each with the wrapper's `z` (the
+        package keeps `z` in the base's state)."""
+        merged = {p: dict(s) for p, s in self.base.state.items()}
+        for p, z in self._z.items():
+            merged.setdefault(p, {})["z"] = z
+        return merged
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """The base optimizer's `add_param_group`.
+
+        Args:
+          param_group: `{"params": [...], **options}`.
+        """
+        self.base.add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The base optimizer's `zero_grad`.
+
+        Args:
+          set_to_none: set each `.grad` to `None` (else fill it with zeros).
+        """
+        self.base.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base optimizer's `state_dict()`, each stepped parameter's entry with its `z`.
+
+        Returns:
+          torch's format, as the package's wrapper gives it around the same torch optimizer.
+        """
+        state_dict = self.base.state_dict()
+        index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        for p, z in self._z.items():
+            state_dict["state"].setdefault(index[p], {})["z"] = jnp.array(z, copy=True)
+        state_dict["state"] = dict(sorted(state_dict["state"].items()))
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a `state_dict` (lucid's or the package's wrapper's): each `z` into the
+        wrapper, the rest into the base optimizer (which validates it first).
+
+        Args:
+          state_dict: what `state_dict()` returned.
+
+        Raises:
+          ValueError: the state_dict does not fit (nothing changed).
+        """
+        params = [p for g in self.param_groups for p in g["params"]]
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        if len(ids) != len(params):
+            raise ValueError("loaded state dict has a different number of parameters")
+        by_id = dict(zip(ids, params))
+        zs, base_state = {}, {}
+        for key, entry in dict(state_dict["state"]).items():
+            if key not in by_id:
+                raise ValueError(
+                    f"the state_dict holds state for parameter {key!r}, which no group lists"
+                )
+            entry = dict(entry)
+            if "z" in entry:
+                p = by_id[key]
+                z = jnp.asarray(_to_array(entry.pop("z")), p.dtype)
+                if z.shape != p.shape:
+                    raise ValueError(f"state 'z' of parameter {key!r} has shape {z.shape}")
+                zs[p] = z
+            if entry:
+                base_state[key] = entry
+        self.base.load_state_dict({**state_dict, "state": base_state})
+        self._z = zs
+
+    # -- modes and the step
+    def _move(self, weight: float) -> None:
+        params = [p for g in self.param_groups for p in g["params"] if p in self._z]
+        if params:
+            weights = [jnp.asarray(weight, compute_dtype(p.dtype)) for p in params]
+            values = _lerp_all([p.data for p in params], [self._z[p] for p in params], weights)
+            for p, value in zip(params, values):
+                p.data = value
+
+    def eval(self) -> None:
+        """Switch to eval mode: the parameters move to x (`lerp(p, z, 1-1/β)`).
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> base = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+          >>> opt = lucid.optim.schedulefree.ScheduleFreeWrapper(base)
+          >>> opt.train(); opt.eval(); opt.train_mode
+          False
+        """
+        if self.train_mode:
+            self._move(1 - 1 / self.momentum)
+        self.train_mode = False
+
+    def train(self) -> None:
+        """Switch to train mode: the parameters move to y (`lerp(p, z, 1-β)`).
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> base = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+          >>> opt = lucid.optim.schedulefree.ScheduleFreeWrapper(base)
+          >>> opt.train(); opt.train_mode
+          True
+        """
+        if not self.train_mode:
+            self._move(1 - self.momentum)
+        self.train_mode = True
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One Schedule-Free step around one step of the base optimizer.
+
+        Args:
+          closure: an optional function that recomputes the loss, called once first.
+
+        Returns:
+          What `closure()` returned, or `None`.
+
+        Raises:
+          RuntimeError: not in train mode (the package raises an `Exception` with the
+            same message).
+          ZeroDivisionError: a group's weights sum to zero (`lr = 0` from the start), as
+            the package's.
+        """
+        if not self.train_mode:
+            raise RuntimeError(_NOT_TRAINING)
+        loss = closure() if closure is not None else None
+        m = self.momentum
+        stepped = []
+        for group in self.param_groups:
+            lr = _sf.host_float(group["lr"], "lr")
+            active = [p for p in group["params"] if p.grad is not None]
+            for p in active:
+                if p not in self._z:
+                    self._z[p] = jnp.array(p.data, copy=True)
+            if not active:
+                continue
+
+            def scalars(value: float, params: list = active) -> list:
+                return [jnp.asarray(value, compute_dtype(p.dtype)) for p in params]
+
+            wd = self.weight_decay_at_y
+            xs, zs = _wrapper_before(
+                [p.data for p in active],
+                [self._z[p] for p in active],
+                scalars(lr * wd if wd != 0.0 else 0.0),
+                scalars(lr * wd * (1 - m) if wd != 0.0 else 0.0),
+                scalars(1 - 1 / m),
+            )
+            for p, x, z in zip(active, xs, zs):
+                p.data = z  # the base optimizer steps z
+                self._z[p] = x  # x waits in z's place (the package's swap)
+            stepped.append(active)
+        self.base.step()
+        for group in self.param_groups:
+            k = group.get("k", 0)
+            lr = _sf.host_float(group["lr"], "lr") * group.get("d", 1.0)
+            lr_max = group["lr_max"] = max(lr, group.get("lr_max", 0))
+            weight = ((k + 1) ** self.r) * (lr_max**self.weight_lr_power)
+            weight_sum = group["weight_sum"] = group.get("weight_sum", 0.0) + weight
+            ckp1 = weight / weight_sum
+            active = [p for p in group["params"] if p.grad is not None]
+            if active:
+                cdtypes = [compute_dtype(p.dtype) for p in active]
+                new_zs = [p.data for p in active]
+                ys = _wrapper_after(
+                    [self._z[p] for p in active],
+                    new_zs,
+                    [jnp.asarray(ckp1, d) for d in cdtypes],
+                    [jnp.asarray(1 - m, d) for d in cdtypes],
+                )
+                for p, y, z in zip(active, ys, new_zs):
+                    self._z[p] = z
+                    p.data = y
+            group["k"] = k + 1
+        return loss
+
+    def __repr__(self) -> str:
+        return f"ScheduleFreeWrapper({self.base!r})"
+
+
+def _to_array(value: Any) -> Any:
+    from .._arrays import is_torch_tensor, torch_to_numpy
+
+    return torch_to_numpy(value) if is_torch_tensor(value) else value
