@@ -9,6 +9,10 @@ every operation: float64 to 1e-10, float32 to rounding.
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
+import textwrap
 
 import chex
 import jax
@@ -18,6 +22,7 @@ import optax
 import pytest
 import schedulefree
 import torch
+from _distributed import HOST_DEVICES, rendezvous_flags
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracle import (
@@ -688,3 +693,61 @@ def test_wrapper_works_with_any_lucid_base():
     t.grad = 2 * t.detach()
     with pytest.raises(KeyError):
         theirs.step()
+
+
+# ------------------------------------------------------------------ sharded
+
+SHARDED = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=2"
+    import jax, jax.numpy as jnp, numpy as np, torch, schedulefree
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    import lucid
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    rng = np.random.default_rng(0)
+    init = {"w": rng.normal(size=(6, 4)), "b": rng.normal(size=(4,))}
+    specs = {"w": P("data"), "b": P()}
+    for shard_state_over in (None, "data"):
+        params = {
+            k: lucid.Parameter(jax.device_put(jnp.asarray(v), NamedSharding(mesh, specs[k])))
+            for k, v in init.items()
+        }
+        tparams = {k: torch.tensor(v, requires_grad=True) for k, v in init.items()}
+        opt = lucid.optim.schedulefree.AdamWScheduleFree(list(params.values()), lr=0.05,
+                                                         weight_decay=0.1)
+        lucid.compile_optimizer(opt, shard_state_over=shard_state_over)
+        topt = schedulefree.AdamWScheduleFree(list(tparams.values()), lr=0.05, weight_decay=0.1)
+        opt.train(); topt.train()
+        for i in range(4):
+            for k in init:
+                g = np.cos(init[k] * (i + 1))
+                params[k].grad = jax.device_put(jnp.asarray(g), NamedSharding(mesh, specs[k]))
+                tparams[k].grad = torch.tensor(g)
+            opt.step(); topt.step()
+            if i == 1:
+                opt.eval(); topt.eval(); opt.train(); topt.train()
+        opt.eval(); topt.eval()
+        for k in init:
+            got, want = np.asarray(params[k].data), tparams[k].detach().numpy()
+            assert np.max(np.abs(got - want)) <= 1e-10 * np.max(np.abs(want)), k
+            assert params[k].data.sharding.is_equivalent_to(NamedSharding(mesh, specs[k]), got.ndim)
+    print("OK")
+    """
+)
+
+
+@HOST_DEVICES
+def test_sharded_parameters_and_zero1_state_match_the_package(tmp_path):
+    script = tmp_path / "sharded.py"
+    script.write_text(SHARDED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env["XLA_FLAGS"] = " ".join(rendezvous_flags())
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip().endswith("OK")

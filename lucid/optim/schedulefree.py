@@ -72,6 +72,16 @@ def _lerp_all(params: list, zs: list, weights: list) -> list:
     ]
 
 
+def _assign(params: list, values: list) -> None:
+    """Write each value into its parameter, placed as the parameter is (a state sharded
+    over a mesh axis, ZeRO-1, must not move a replicated parameter)."""
+    for p, value in zip(params, values):
+        current = p.data
+        if not value.sharding.is_equivalent_to(current.sharding, value.ndim):
+            value = jax.device_put(value, current.sharding)
+        p.data = value
+
+
 class _ScheduleFree(Optimizer):
     """What the Schedule-Free classes share: the host bookkeeping of each step, and the
     moves of the parameters between the sequences."""
@@ -91,10 +101,8 @@ class _ScheduleFree(Optimizer):
                 params.append(p)
                 zs.append(state.z)
                 weights.append(jnp.asarray(weight, compute_dtype(p.dtype)))
-        if not params:
-            return
-        for p, value in zip(params, _lerp_all([p.data for p in params], zs, weights)):
-            p.data = value
+        if params:
+            _assign(params, _lerp_all([p.data for p in params], zs, weights))
 
     def _advance_groups(self) -> None:
         for group in self.param_groups:
@@ -484,8 +492,7 @@ class ScheduleFreeWrapper:
         if params:
             weights = [jnp.asarray(weight, compute_dtype(p.dtype)) for p in params]
             values = _lerp_all([p.data for p in params], [self._z[p] for p in params], weights)
-            for p, value in zip(params, values):
-                p.data = value
+            _assign(params, values)
 
     def eval(self) -> None:
         """Switch to eval mode: the parameters move to x (`lerp(p, z, 1-1/β)`).
@@ -555,8 +562,8 @@ class ScheduleFreeWrapper:
                 scalars(lr * wd * (1 - m) if wd != 0.0 else 0.0),
                 scalars(1 - 1 / m),
             )
-            for p, x, z in zip(active, xs, zs):
-                p.data = z  # the base optimizer steps z
+            _assign(active, zs)  # the base optimizer steps z
+            for p, x in zip(active, xs):
                 self._z[p] = x  # x waits in z's place (the package's swap)
             stepped.append(active)
         self.base.step()
@@ -577,9 +584,9 @@ class ScheduleFreeWrapper:
                     [jnp.asarray(ckp1, d) for d in cdtypes],
                     [jnp.asarray(1 - m, d) for d in cdtypes],
                 )
-                for p, y, z in zip(active, ys, new_zs):
+                for p, z in zip(active, new_zs):
                     self._z[p] = z
-                    p.data = y
+                _assign(active, ys)
             group["k"] = k + 1
         return loss
 
