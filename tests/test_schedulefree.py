@@ -177,7 +177,7 @@ def test_signatures_are_the_packages(name):
     if not name.endswith("Closure"):
         factory = getattr(LFS, name.split("ScheduleFree")[0].lower() + "_schedulefree")
         fn = inspect.signature(factory).parameters
-        assert list(fn) == [k for k in theirs if k not in ("self", "params", "foreach")]
+        assert list(fn) == [k for k in theirs if k not in ("self", "params")]
         for key in fn:
             assert fn[key].default == theirs[key].default
 
@@ -471,7 +471,6 @@ FUNCTIONAL = [
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_transform_matches_the_package_with_eval_params(name, factory, options, dtype):
-    options = {k: v for k, v in options.items() if k != "foreach"}
     momentum = options.get("momentum", options.get("betas", (0.9,))[0])
     pair = Pair(name, options, dtype)
     pair.train()

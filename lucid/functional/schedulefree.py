@@ -479,6 +479,7 @@ SILENT_SGD_PHASE = Arg(
     "(`True`, the package's recommendation) instead of plain SGD steps.",
 )
 
+_GROUP_ENTRIES = ("k", "train_mode", "weight_sum", "lr_max", "scheduled_lr")
 _TRAIN_GROUP = {"k": 0, "train_mode": False, "weight_sum": 0.0, "lr_max": -1.0, "scheduled_lr": 0.0}
 _CLOSURE_GROUP = {"k": 0, "weight_sum": 0.0, "lr_max": 0.0, "scheduled_lr": 0.0}
 
@@ -619,13 +620,11 @@ def _factory(
     rule: Rule, signature: Signature, name: str, prose: str
 ) -> Callable[..., optax.GradientTransformation]:
     kind = _kind_of(rule.name)
-    public = Signature(
-        tuple(arg for arg in signature.args if getattr(arg, "name", None) != "foreach"),
-        signature.example,
-    )
+    public = signature
 
     def factory(*args: Any, **kwargs: Any) -> optax.GradientTransformation:
-        return _transform(rule, kind, public.bind(name, args, kwargs))
+        options = public.bind(name, args, kwargs)
+        return _transform(rule, kind, {k: v for k, v in options.items() if k not in _GROUP_ENTRIES})
 
     factory.__name__ = factory.__qualname__ = name
     factory.__module__ = __name__
@@ -658,21 +657,21 @@ sgd_schedulefree = _factory(
     SGD_SCHEDULEFREE_SIGNATURE,
     "sgd_schedulefree",
     "`schedulefree.SGDScheduleFree` as an optax transformation (the parameters are y; "
-    "`eval_params` gives x). `foreach` is not taken: it is the package's kernel choice.",
+    "`eval_params` gives x). `foreach` is accepted and ignored.",
 )
 adamw_schedulefree = _factory(
     ADAMW_SCHEDULEFREE,
     ADAMW_SCHEDULEFREE_SIGNATURE,
     "adamw_schedulefree",
     "`schedulefree.AdamWScheduleFree` as an optax transformation (the parameters are y; "
-    "`eval_params` gives x). `foreach` is not taken: it is the package's kernel choice.",
+    "`eval_params` gives x). `foreach` is accepted and ignored.",
 )
 radam_schedulefree = _factory(
     RADAM_SCHEDULEFREE,
     RADAM_SCHEDULEFREE_SIGNATURE,
     "radam_schedulefree",
     "`schedulefree.RAdamScheduleFree` as an optax transformation (the parameters are y; "
-    "`eval_params` gives x). `foreach` is not taken: it is the package's kernel choice.",
+    "`eval_params` gives x). `foreach` is accepted and ignored.",
 )
 
 
