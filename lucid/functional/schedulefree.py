@@ -99,8 +99,10 @@ class ScheduleFreeState(NamedTuple):
       z: the base optimizer's iterate $z$ (the package's `state['z']`).
       exp_avg_sq: $v$, the average of the squared gradient (AdamW and RAdam; `None`
         for SGD, which keeps none).
-      started: lucid only, not in the state_dict: 0 until the parameter's first step,
-        which takes $z$ from the parameter (the package clones it then), 1 after.
+      started: lucid only, not in the state_dict: `None` until the parameter's first
+        step, which takes $z$ from the parameter (the package clones it then), 1 after. A
+        change of structure, not a value: the steps after the first read $z$ alone (no
+        select against the parameter), so an in-place compiled step needs no copies.
     """
 
     z: Any
@@ -297,7 +299,7 @@ def _init_for(kind: str) -> Callable[..., ScheduleFreeState]:
         return ScheduleFreeState(
             z=jnp.zeros_like(param),
             exp_avg_sq=None if kind == "sgd" else jnp.zeros_like(param),
-            started=jnp.zeros((), jnp.float32),
+            started=None,
         )
 
     return init
@@ -305,7 +307,7 @@ def _init_for(kind: str) -> Callable[..., ScheduleFreeState]:
 
 def _update_for(kind: str, closure: bool) -> Callable[..., tuple[Array, ScheduleFreeState]]:
     def update(param, grad, state, h, *, use_weight_decay):
-        z = jnp.where(state.started > 0, state.z, param)  # the package's clone at step 1
+        z = param if state.started is None else state.z  # the package's clone at step 1
         exp_avg_sq = None
         d = grad
         if kind != "sgd":
@@ -323,7 +325,7 @@ def _update_for(kind: str, closure: bool) -> Callable[..., tuple[Array, Schedule
         else:  # the parameter holds y
             new_param = _lerp(param, z, h["ckp1"]) + h["y_lr"] * d
             z = z - h["lr"] * d
-        return new_param, ScheduleFreeState(z, exp_avg_sq, jnp.ones_like(state.started))
+        return new_param, ScheduleFreeState(z, exp_avg_sq, jnp.ones((), jnp.float32))
 
     return update
 
