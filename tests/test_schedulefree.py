@@ -763,3 +763,27 @@ def test_sharded_parameters_and_zero1_state_match_the_package(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.strip().endswith("OK")
+
+
+@pytest.mark.parametrize("name", TRAIN_EVAL)
+def test_a_group_added_later_starts_in_eval_mode_with_its_own_counters(name):
+    pair = Pair(name, OPTIONS[name.split("ScheduleFree")[0]][1], "float64")
+    init = problem(seed=1)
+    extra_t = torch.tensor(init["w"], requires_grad=True)
+    extra_p = lucid.Parameter(jnp.asarray(init["w"]))
+    pair.train()
+    pair.step()
+    pair.topt.add_param_group({"params": [extra_t], "lr": 0.01})
+    pair.lopt.add_param_group({"params": [extra_p], "lr": 0.01})
+    pair.check()  # the new group: train_mode False, k 0, while the first is training
+    assert pair.lopt.param_groups[1]["train_mode"] is False
+    for _ in range(3):
+        extra_t.grad = torch.cos(extra_t.detach())
+        extra_p.grad = jnp.cos(extra_p.data)
+        pair.step()
+        pair.check()
+        assert relative_error(np.asarray(extra_p.data), extra_t.detach().numpy()) <= F64_RTOL
+    pair.eval()  # only the group in train mode moves
+    pair.train()  # now both groups are
+    pair.check()
+    assert relative_error(np.asarray(extra_p.data), extra_t.detach().numpy()) <= F64_RTOL
