@@ -86,8 +86,6 @@ class _ScheduleFree(Optimizer):
     """What the Schedule-Free classes share: the host bookkeeping of each step, and the
     moves of the parameters between the sequences."""
 
-    _closure_form = False
-
     def _move(self, groups: list[dict[str, Any]], to_eval: bool) -> None:
         """Move the parameters of ``groups`` that have state along ``lerp(p, z, w)``."""
         states = self.backend.states()
