@@ -7,7 +7,7 @@ weight averages, and [clip_grad_norm][lucid.functional.clip_grad_norm] torch's
 gradient clipping as a transform.
 """
 
-from . import averaging, bnb, schedules, torchao
+from . import averaging, bnb, schedulefree, schedules, torchao
 from ._rule import Rule
 from .adadelta import AdadeltaState, adadelta
 from .adafactor import AdafactorState, adafactor
@@ -57,6 +57,7 @@ __all__ = [
     "radam",
     "rmsprop",
     "rprop",
+    "schedulefree",
     "schedules",
     "sgd",
     "sparse_adam",

@@ -14,12 +14,13 @@ Array = jax.Array
 
 
 def lerp(start: Array, end: Array, weight: Array) -> Array:
-    """``torch.lerp``: ``start + weight*(end-start)`` for weight < 0.5, else
-    ``end - (end-start)*(1-weight)`` (torch's CPU kernel, exact at both ends)."""
+    """``torch.lerp``: ``start + weight*(end-start)`` for ``|weight| < 0.5``, else
+    ``end - (end-start)*(1-weight)`` (torch's CPU kernel, exact at both ends; a weight
+    may be negative, as schedule-free's ``1 - 1/beta``)."""
     # One select of the base and a scalar coefficient, not both branches per element:
     # ``end + (-(1-w))*diff`` rounds exactly as ``end - diff*(1-w)``.
     diff = end - start
-    low = weight < 0.5
+    low = jnp.abs(weight) < 0.5
     return jnp.where(low, start, end) + jnp.where(low, weight, -(1 - weight)) * diff
 
 

@@ -8,7 +8,7 @@ step as one compiled executable; [lucid.optim.checkpoint][] saves sharded
 state with orbax.
 """
 
-from . import bnb, lr_scheduler, swa_utils, torchao
+from . import bnb, lr_scheduler, schedulefree, swa_utils, torchao
 from ._torch_format import to_torch
 from .adadelta import Adadelta
 from .adafactor import Adafactor
@@ -86,6 +86,7 @@ __all__ = [
     "compile_optimizer",
     "fused_step",
     "lr_scheduler",
+    "schedulefree",
     "swa_utils",
     "to_torch",
     "torchao",

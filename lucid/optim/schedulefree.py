@@ -1,0 +1,599 @@
+"""The `schedulefree` package's optimizers (1.4.1) behind torch's stateful API.
+
+`SGDScheduleFree`, `AdamWScheduleFree` and `RAdamScheduleFree` keep the training
+sequence $y$ in the parameters while in train mode and the average $x$ in eval mode,
+exactly as the package's classes: `train()` and `eval()` move the parameters between
+the two ($y = \\mathrm{lerp}(x, z, 1-\\beta)$, $x = \\mathrm{lerp}(y, z, 1-1/\\beta)$), the
+optimizer starts in eval mode (`train_mode=False` in every group), and `step()` outside
+train mode raises. The `...Closure` forms keep $x$ in the parameters at all times and
+evaluate the closure at $y$. The rules are `lucid.functional.schedulefree`'s.
+
+Where the package keeps each quantity, lucid keeps it: per parameter `z` (and
+`exp_avg_sq` for the Adam forms) in the state; per group `k`, `lr_max`, `weight_sum`,
+`scheduled_lr` and `train_mode` in `param_groups`, so a state_dict moves between the
+package and lucid both ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..functional import schedulefree as _sf
+from ..functional._math import lerp
+from ..functional._rule import Rule, compute_dtype
+from ._declare import torch_optimizer
+from .optimizer import Optimizer
+
+__all__ = [
+    "AdamWScheduleFree",
+    "AdamWScheduleFreeClosure",
+    "RAdamScheduleFree",
+    "RAdamScheduleFreeClosure",
+    "SGDScheduleFree",
+    "SGDScheduleFreeClosure",
+    "ScheduleFreeWrapper",
+]
+
+_NOT_TRAINING = (
+    "Optimizer was not in train mode when step is called. Please insert .train() and "
+    ".eval() calls on the optimizer. See documentation for details."
+)
+
+_STEPPING = threading.local()
+
+
+def _in_class_step(options: Any) -> None:
+    """A step that does not come through the class's `step()` (a fused step) would skip
+    the group bookkeeping the package does on the host: refuse it before anything moves."""
+    if not getattr(_STEPPING, "active", False):
+        raise RuntimeError(
+            "schedule-free optimizers update their groups' k, lr_max and weight_sum on the "
+            "host at every step, which fused_step does not run; use compile_optimizer(opt) "
+            "and opt.step() (one compiled executable per step) instead"
+        )
+
+
+def _class_rule(rule: Rule) -> Rule:
+    return dataclasses.replace(rule, check_at_step=_in_class_step)
+
+
+@jax.jit
+def _lerp_all(params: list, zs: list, weights: list) -> list:
+    """Every parameter's ``lerp(p, z, w)`` in one executable (weights are runtime values:
+    switching modes reuses it)."""
+    return [
+        lerp(p.astype(w.dtype), z.astype(w.dtype), w).astype(p.dtype)
+        for p, z, w in zip(params, zs, weights)
+    ]
+
+
+def _assign(params: list, values: list) -> None:
+    """Write each value into its parameter, placed as the parameter is (a state sharded
+    over a mesh axis, ZeRO-1, must not move a replicated parameter)."""
+    for p, value in zip(params, values):
+        current = p.data
+        if not value.sharding.is_equivalent_to(current.sharding, value.ndim):
+            value = jax.device_put(value, current.sharding)
+        p.data = value
+
+
+class _ScheduleFree(Optimizer):
+    """What the Schedule-Free classes share: the host bookkeeping of each step, and the
+    moves of the parameters between the sequences."""
+
+    def _move(self, groups: list[dict[str, Any]], to_eval: bool) -> None:
+        """Move the parameters of ``groups`` that have state along ``lerp(p, z, w)``."""
+        states = self.backend.states()
+        params, zs, weights = [], [], []
+        for group in groups:
+            weight = _sf.switch_weight(group, to_eval)
+            for p in group["params"]:
+                state = states.get(p)
+                if state is None:
+                    continue
+                params.append(p)
+                zs.append(state.z)
+                weights.append(jnp.asarray(weight, compute_dtype(p.dtype)))
+        if params:
+            _assign(params, _lerp_all([p.data for p in params], zs, weights))
+
+    def _advance_groups(self) -> None:
+        for group in self.param_groups:
+            group.update(_sf.host_scalars(self.rule, group))
+
+    def _run_rule(self, closure: Callable[[], Any] | None) -> Any:
+        _STEPPING.active = True
+        try:
+            loss = Optimizer.step(self, closure)
+        finally:
+            _STEPPING.active = False
+        self._advance_groups()
+        return loss
+
+
+class _TrainEval(_ScheduleFree):
+    """The package's default form: `y` in the parameters in train mode, `x` in eval mode."""
+
+    def train(self) -> None:
+        """Switch to train mode: every group in eval mode moves its parameters to y
+        (`p ← lerp(p, z, 1-β)`) and sets `train_mode`; a group in train mode is left
+        as it is. Parameters without state (never stepped) do not move.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> opt = lucid.optim.schedulefree.SGDScheduleFree([lucid.Parameter(jnp.ones(2))])
+          >>> opt.param_groups[0]["train_mode"]
+          False
+          >>> opt.train()
+          >>> opt.param_groups[0]["train_mode"]
+          True
+        """
+        groups = [g for g in self.param_groups if not g["train_mode"]]
+        self._move(groups, to_eval=False)
+        for group in groups:
+            group["train_mode"] = True
+
+    def eval(self) -> None:
+        """Switch to eval mode: every group in train mode moves its parameters to x
+        (`p ← lerp(p, z, 1-1/β)`), the weights to evaluate and save, and clears
+        `train_mode`.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
+          >>> opt = lucid.optim.schedulefree.SGDScheduleFree([w], lr=0.1)
+          >>> opt.train()
+          >>> for _ in range(2):
+          ...     w.grad = jnp.array([0.5, -1.0])
+          ...     opt.step()
+          >>> [round(v, 4) for v in w.data.tolist()]  # y
+          [0.9225, -1.845]
+          >>> opt.eval()
+          >>> [round(v, 4) for v in w.data.tolist()]  # x
+          [0.925, -1.85]
+        """
+        groups = [g for g in self.param_groups if g["train_mode"]]
+        self._move(groups, to_eval=True)
+        for group in groups:
+            group["train_mode"] = False
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One Schedule-Free step of every parameter that has a gradient; every group's
+        `k`, `lr_max`, `weight_sum` and `scheduled_lr` advance (also a group none of
+        whose parameters has a gradient, as the package's).
+
+        Args:
+          closure: an optional function that recomputes the loss, called once first.
+
+        Returns:
+          What `closure()` returned, or `None`.
+
+        Raises:
+          RuntimeError: the first group is not in train mode (the package raises an
+            `Exception` with the same message).
+          ValueError: a gradient that does not fit its parameter (nothing has moved).
+        """
+        if not self.param_groups[0]["train_mode"]:
+            raise RuntimeError(_NOT_TRAINING)
+        return self._run_rule(closure)
+
+
+class _Closure(_ScheduleFree):
+    """The package's closure form: `x` in the parameters; `step(closure)` moves them to
+    y, evaluates the closure there and comes back."""
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """One Schedule-Free step: the parameters (x) move to y, `closure()` recomputes
+        the gradients there, then every parameter with a gradient takes the step back
+        to its new x, and every group's `k`, `lr_max`, `weight_sum` advance.
+
+        Args:
+          closure: a function that zeroes the gradients, computes the loss with
+            [backward][lucid.backward] and returns it (required).
+
+        Returns:
+          What `closure()` returned.
+
+        Raises:
+          TypeError: no closure (the package requires one).
+          ValueError: a gradient that does not fit its parameter (the parameters are
+            put back, nothing has moved).
+        """
+        if closure is None:
+            raise TypeError(f"{type(self).__name__}.step() requires a closure")
+        saved = [(p, p.data) for group in self.param_groups for p in group["params"]]
+        self._move(self.param_groups, to_eval=False)  # x -> y (z is the package's clone: p)
+        try:
+            return self._run_rule(closure)
+        except BaseException:
+            for p, value in saved:
+                p.data = value
+            raise
+
+
+def _examples(cls: str, kwargs: str, y: str, x: str) -> str:
+    return f"""
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
+      >>> opt = lucid.optim.schedulefree.{cls}([w], {kwargs})
+      >>> opt.train()
+      >>> for _ in range(2):
+      ...     w.grad = jnp.array([0.5, -1.0])
+      ...     opt.step()
+      >>> [round(v, 4) for v in w.data.tolist()]  # train mode: y
+      {y}
+      >>> opt.eval()
+      >>> [round(v, 4) for v in w.data.tolist()]  # eval mode: x
+      {x}
+    """
+
+
+def _closure_examples(cls: str, kwargs: str, x: str) -> str:
+    return f"""
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
+      >>> opt = lucid.optim.schedulefree.{cls}([w], {kwargs})
+      >>> def closure():
+      ...     opt.zero_grad()
+      ...     return lucid.backward(lambda w: (w**2).sum(), w)
+      >>> for _ in range(2):
+      ...     loss = opt.step(closure)
+      >>> [round(v, 4) for v in w.data.tolist()]  # always x
+      {x}
+    """
+
+
+@torch_optimizer(_sf.SGD_SCHEDULEFREE_SIGNATURE, step_example=False, reference="schedulefree")
+class SGDScheduleFree(_TrainEval):
+    __doc__ = """`schedulefree.SGDScheduleFree`: Schedule-Free SGD with momentum, warm-up and
+    polynomial weighting; `train()` / `eval()` switch the parameters between y and x.
+    """ + _examples(
+        "SGDScheduleFree",
+        "lr=0.1",
+        "[0.9225, -1.845]",
+        "[0.925, -1.85]",
+    )
+    rule = _class_rule(_sf.SGD_SCHEDULEFREE)
+
+
+@torch_optimizer(_sf.ADAMW_SCHEDULEFREE_SIGNATURE, step_example=False, reference="schedulefree")
+class AdamWScheduleFree(_TrainEval):
+    __doc__ = """`schedulefree.AdamWScheduleFree`: Schedule-Free AdamW (the gradient divided by
+    √v, bias-corrected; weight decay at y); `train()` / `eval()` switch the parameters
+    between y and x.
+    """ + _examples(
+        "AdamWScheduleFree",
+        "lr=0.1",
+        "[0.845, -1.845]",
+        "[0.85, -1.85]",
+    )
+    rule = _class_rule(_sf.ADAMW_SCHEDULEFREE)
+
+
+@torch_optimizer(_sf.RADAM_SCHEDULEFREE_SIGNATURE, step_example=False, reference="schedulefree")
+class RAdamScheduleFree(_TrainEval):
+    __doc__ = """`schedulefree.RAdamScheduleFree`: Schedule-Free RAdam (no warm-up parameter:
+    RAdam's rectification is the warm-up); `train()` / `eval()` switch the parameters
+    between y and x.
+    """ + _examples(
+        "RAdamScheduleFree",
+        "lr=0.1, silent_sgd_phase=False",
+        "[0.9225, -1.845]",
+        "[0.925, -1.85]",
+    )
+    rule = _class_rule(_sf.RADAM_SCHEDULEFREE)
+
+
+@torch_optimizer(
+    _sf.SGD_SCHEDULEFREE_CLOSURE_SIGNATURE, step_example=False, reference="schedulefree"
+)
+class SGDScheduleFreeClosure(_Closure):
+    __doc__ = """`schedulefree.SGDScheduleFreeClosure`: Schedule-Free SGD whose parameters
+    always hold x; `step(closure)` evaluates the gradient at y.
+    """ + _closure_examples("SGDScheduleFreeClosure", "lr=0.1", "[0.72, -1.44]")
+    rule = _class_rule(_sf.SGD_SCHEDULEFREE_CLOSURE)
+
+
+@torch_optimizer(
+    _sf.ADAMW_SCHEDULEFREE_CLOSURE_SIGNATURE, step_example=False, reference="schedulefree"
+)
+class AdamWScheduleFreeClosure(_Closure):
+    __doc__ = """`schedulefree.AdamWScheduleFreeClosure`: Schedule-Free AdamW whose parameters
+    always hold x; `step(closure)` evaluates the gradient at y.
+    """ + _closure_examples("AdamWScheduleFreeClosure", "lr=0.1", "[0.8527, -1.8513]")
+    rule = _class_rule(_sf.ADAMW_SCHEDULEFREE_CLOSURE)
+
+
+@torch_optimizer(
+    _sf.RADAM_SCHEDULEFREE_CLOSURE_SIGNATURE, step_example=False, reference="schedulefree"
+)
+class RAdamScheduleFreeClosure(_Closure):
+    __doc__ = """`schedulefree.RAdamScheduleFreeClosure`: Schedule-Free RAdam whose parameters
+    always hold x; `step(closure)` evaluates the gradient at y.
+    """ + _closure_examples(
+        "RAdamScheduleFreeClosure",
+        "lr=0.1, silent_sgd_phase=False",
+        "[0.72, -1.44]",
+    )
+    rule = _class_rule(_sf.RADAM_SCHEDULEFREE_CLOSURE)
+
+
+@jax.jit
+def _wrapper_before(params: list, zs: list, decay_z: list, decay_p: list, unextrapolate: list):
+    """y -> x for every stepped parameter, after the decay at y; returns (x, new z)."""
+    xs, new_zs = [], []
+    for p, z, dz, dp, w in zip(params, zs, decay_z, decay_p, unextrapolate):
+        z = z - dz * p
+        p = p - dp * p
+        xs.append(lerp(p, z, w))
+        new_zs.append(z)
+    return xs, new_zs
+
+
+@jax.jit
+def _wrapper_after(xs: list, zs: list, ckp1: list, extrapolate: list) -> list:
+    """The new y: x averaged towards the new z, then moved to y."""
+    return [lerp(lerp(x, z, c), z, e) for x, z, c, e in zip(xs, zs, ckp1, extrapolate)]
+
+
+class ScheduleFreeWrapper:
+    """`schedulefree.ScheduleFreeWrapper`: any lucid optimizer made Schedule-Free.
+
+    The base optimizer steps the sequence $z$; the wrapper keeps the average $x$ and the
+    parameters at $y$ (train mode) or $x$ (eval mode), as the package's wrapper does. At
+    each step, for every parameter with a gradient: the decay at $y$
+    ($z \\leftarrow z - \\gamma\\lambda_y y$, $y \\leftarrow y - \\gamma\\lambda_y(1-\\beta) y$),
+    $x = \\mathrm{lerp}(y, z, 1-1/\\beta)$, the parameter set to $z$ and the base optimizer's
+    `step()` run on it (with the gradient taken at $y$); then per group
+    $\\gamma_{\\max} = \\max(\\gamma_{\\max}, \\gamma\\, d)$ (`d` a group's D-Adaptation factor,
+    1 when absent), $w = (k+1)^r \\gamma_{\\max}^{p}$, $c = w / \\sum w$, and the parameter
+    becomes $\\mathrm{lerp}(\\mathrm{lerp}(x, z, c), z, 1-\\beta)$. The groups of the base
+    optimizer gain the package's `k`, `lr_max` and `weight_sum` entries, and its
+    `state_dict()` each parameter's `z`, so a checkpoint moves to and from the package's
+    wrapper around the same torch optimizer.
+
+    Args:
+      base: the optimizer that steps $z$ (a lucid optimizer, compiled or not).
+      weight_decay_at_y: $\\lambda_y$, weight decay computed at $y$ (set the base's own
+        weight decay to decay at $z$ instead).
+      momentum: $\\beta$, the interpolation between $x$ and $z$.
+      weight_lr_power: the power of `lr_max` in the averaging weights.
+      r: the power of the polynomial weighting `(k+1)^r`.
+
+    Attributes:
+      base: the wrapped optimizer.
+      weight_decay_at_y: $\\lambda_y$.
+      momentum: $\\beta$.
+      weight_lr_power: the power of `lr_max` in the weights.
+      r: the polynomial weighting's power.
+      train_mode: whether the parameters hold $y$ (`False` at construction, as the
+        package's).
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
+      >>> base = lucid.optim.SGD([w], lr=0.1)
+      >>> opt = lucid.optim.schedulefree.ScheduleFreeWrapper(base, momentum=0.9)
+      >>> opt.train()
+      >>> for _ in range(2):
+      ...     w.grad = jnp.array([0.5, -1.0])
+      ...     opt.step()
+      >>> opt.eval()
+      >>> [round(v, 4) for v in w.data.tolist()], opt.param_groups[0]["k"]
+      ([0.925, -1.85], 2)
+    """
+
+    def __init__(
+        self,
+        base: Any,
+        weight_decay_at_y: float = 0.0,
+        momentum: float = 0.9,
+        weight_lr_power: float = 2,
+        r: float = 0,
+    ) -> None:
+        self.base = base
+        self.weight_decay_at_y = weight_decay_at_y
+        self.weight_lr_power = weight_lr_power
+        self.r = r
+        self.momentum = momentum
+        self.train_mode = False
+        self._z: dict[Any, jax.Array] = {}
+
+    # -- the base optimizer's API
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The base optimizer's `param_groups` (with the wrapper's `k`, `lr_max`,
+        `weight_sum` once it has stepped)."""
+        return self.base.param_groups
+
+    @property
+    def state(self) -> dict[Any, dict[str, Any]]:
+        """The base optimizer's per-parameter state, each with the wrapper's `z` (the
+        package keeps `z` in the base's state)."""
+        merged = {p: dict(s) for p, s in self.base.state.items()}
+        for p, z in self._z.items():
+            merged.setdefault(p, {})["z"] = z
+        return merged
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """The base optimizer's `add_param_group`.
+
+        Args:
+          param_group: `{"params": [...], **options}`.
+        """
+        self.base.add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The base optimizer's `zero_grad`.
+
+        Args:
+          set_to_none: set each `.grad` to `None` (else fill it with zeros).
+        """
+        self.base.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base optimizer's `state_dict()`, each stepped parameter's entry with its `z`.
+
+        Returns:
+          torch's format, as the package's wrapper gives it around the same torch optimizer.
+        """
+        state_dict = self.base.state_dict()
+        index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        for p, z in self._z.items():
+            state_dict["state"].setdefault(index[p], {})["z"] = jnp.array(z, copy=True)
+        state_dict["state"] = dict(sorted(state_dict["state"].items()))
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a `state_dict` (lucid's or the package's wrapper's): each `z` into the
+        wrapper, the rest into the base optimizer (which validates it first).
+
+        Args:
+          state_dict: what `state_dict()` returned.
+
+        Raises:
+          ValueError: the state_dict does not fit (nothing changed).
+        """
+        params = [p for g in self.param_groups for p in g["params"]]
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        if len(ids) != len(params):
+            raise ValueError("loaded state dict has a different number of parameters")
+        by_id = dict(zip(ids, params))
+        zs, base_state = {}, {}
+        for key, entry in dict(state_dict["state"]).items():
+            if key not in by_id:
+                raise ValueError(
+                    f"the state_dict holds state for parameter {key!r}, which no group lists"
+                )
+            entry = dict(entry)
+            if "z" in entry:
+                p = by_id[key]
+                z = jnp.asarray(_to_array(entry.pop("z")), p.dtype)
+                if z.shape != p.shape:
+                    raise ValueError(f"state 'z' of parameter {key!r} has shape {z.shape}")
+                zs[p] = z
+            if entry:
+                base_state[key] = entry
+        self.base.load_state_dict({**state_dict, "state": base_state})
+        self._z = zs
+
+    # -- modes and the step
+    def _move(self, weight: float) -> None:
+        params = [p for g in self.param_groups for p in g["params"] if p in self._z]
+        if params:
+            weights = [jnp.asarray(weight, compute_dtype(p.dtype)) for p in params]
+            values = _lerp_all([p.data for p in params], [self._z[p] for p in params], weights)
+            _assign(params, values)
+
+    def eval(self) -> None:
+        """Switch to eval mode: the parameters move to x (`lerp(p, z, 1-1/β)`).
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> base = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+          >>> opt = lucid.optim.schedulefree.ScheduleFreeWrapper(base)
+          >>> opt.train(); opt.eval(); opt.train_mode
+          False
+        """
+        if self.train_mode:
+            self._move(1 - 1 / self.momentum)
+        self.train_mode = False
+
+    def train(self) -> None:
+        """Switch to train mode: the parameters move to y (`lerp(p, z, 1-β)`).
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> base = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+          >>> opt = lucid.optim.schedulefree.ScheduleFreeWrapper(base)
+          >>> opt.train(); opt.train_mode
+          True
+        """
+        if not self.train_mode:
+            self._move(1 - self.momentum)
+        self.train_mode = True
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One Schedule-Free step around one step of the base optimizer.
+
+        Args:
+          closure: an optional function that recomputes the loss, called once first.
+
+        Returns:
+          What `closure()` returned, or `None`.
+
+        Raises:
+          RuntimeError: not in train mode (the package raises an `Exception` with the
+            same message).
+          ZeroDivisionError: a group's weights sum to zero (`lr = 0` from the start), as
+            the package's.
+        """
+        if not self.train_mode:
+            raise RuntimeError(_NOT_TRAINING)
+        loss = closure() if closure is not None else None
+        m = self.momentum
+        stepped = []
+        for group in self.param_groups:
+            lr = _sf.host_float(group["lr"], "lr")
+            active = [p for p in group["params"] if p.grad is not None]
+            for p in active:
+                if p not in self._z:
+                    self._z[p] = jnp.array(p.data, copy=True)
+            if not active:
+                continue
+
+            def scalars(value: float, params: list = active) -> list:
+                return [jnp.asarray(value, compute_dtype(p.dtype)) for p in params]
+
+            wd = self.weight_decay_at_y
+            xs, zs = _wrapper_before(
+                [p.data for p in active],
+                [self._z[p] for p in active],
+                scalars(lr * wd if wd != 0.0 else 0.0),
+                scalars(lr * wd * (1 - m) if wd != 0.0 else 0.0),
+                scalars(1 - 1 / m),
+            )
+            _assign(active, zs)  # the base optimizer steps z
+            for p, x in zip(active, xs):
+                self._z[p] = x  # x waits in z's place (the package's swap)
+            stepped.append(active)
+        self.base.step()
+        for group in self.param_groups:
+            k = group.get("k", 0)
+            lr = _sf.host_float(group["lr"], "lr") * group.get("d", 1.0)
+            lr_max = group["lr_max"] = max(lr, group.get("lr_max", 0))
+            weight = ((k + 1) ** self.r) * (lr_max**self.weight_lr_power)
+            weight_sum = group["weight_sum"] = group.get("weight_sum", 0.0) + weight
+            ckp1 = weight / weight_sum
+            active = [p for p in group["params"] if p.grad is not None]
+            if active:
+                cdtypes = [compute_dtype(p.dtype) for p in active]
+                new_zs = [p.data for p in active]
+                ys = _wrapper_after(
+                    [self._z[p] for p in active],
+                    new_zs,
+                    [jnp.asarray(ckp1, d) for d in cdtypes],
+                    [jnp.asarray(1 - m, d) for d in cdtypes],
+                )
+                for p, z in zip(active, new_zs):
+                    self._z[p] = z
+                _assign(active, ys)
+            group["k"] = k + 1
+        return loss
+
+    def __repr__(self) -> str:
+        return f"ScheduleFreeWrapper({self.base!r})"
+
+
+def _to_array(value: Any) -> Any:
+    from .._arrays import is_torch_tensor, torch_to_numpy
+
+    return torch_to_numpy(value) if is_torch_tensor(value) else value
