@@ -14,6 +14,7 @@ the L-BFGS stays eager."""
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -461,7 +462,7 @@ class FusedStep:
       compiled: the [CompiledOptimizer][lucid.optim.CompiledOptimizer] whose
         steps this runs.
       grad_transform: the optax transform applied to the gradients (a plain
-        function is held as `optax.stateless` of it), or `None`.
+        function is held as a stateless optax transform of it), or `None`.
       transform_state: the `grad_transform`'s state, carried from call to call
         (`None` without a transform).
 
@@ -541,14 +542,38 @@ class FusedStep:
         self._transform_params = tuple(params)
 
 
+@dataclasses.dataclass(frozen=True)
+class _PlainInit:
+    """The ``init`` of a plain function's stateless transform (equal for equal functions)."""
+
+    fn: Callable
+
+    def __call__(self, params: Any) -> optax.EmptyState:
+        return optax.EmptyState()
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlainUpdate:
+    """The ``update`` of a plain function's stateless transform: ``fn`` on the gradients."""
+
+    fn: Callable
+
+    def __call__(self, updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        return self.fn(updates), state
+
+
 def _as_transform(grad_transform: Any) -> Any:
-    """An optax transform as it is, a plain function as a stateless transform of it."""
+    """An optax transform as it is, a plain function as a stateless transform of it
+    (equal to any other made of the same function, so the fused steps of one loss and
+    one function share one compiled program)."""
     if grad_transform is None:
         return None
     if hasattr(grad_transform, "init") and hasattr(grad_transform, "update"):
         return grad_transform
     if callable(grad_transform):
-        return optax.stateless(lambda updates, params: grad_transform(updates))
+        return optax.GradientTransformation(
+            _PlainInit(grad_transform), _PlainUpdate(grad_transform)
+        )
     raise TypeError(
         "grad_transform must be an optax GradientTransformation, a function grads -> grads, "
         f"or None; got {type(grad_transform).__name__}"

@@ -20,6 +20,7 @@ domain (`lucid.optim._engine.programs`) applies the rule to every bucket, with:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -234,7 +235,8 @@ class CompiledBackend:
         )
         for bucket in self._buckets:
             if isinstance(bucket.store, FlatStore):
-                bucket.store.on_restructure = self._restructure
+                # weakly: the parameters keep their store, which must not keep us
+                bucket.store.on_restructure = weakref.WeakMethod(self._restructure)
 
     def _restructure(self, store: FlatStore, index: int, value: jax.Array) -> None:
         """A parameter got a value of a new shape or dtype: lay everything out again."""

@@ -25,6 +25,7 @@ equal, contiguous piece; the padding is never shown (views cut from offset 0).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,10 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._storage import check_grad
+from ..._storage import OwnArrays, check_grad
 from ...functional._rule import compute_dtype
 from ...functional.sparse_adam import dense
 from .layout import Layout, join_views, views_of
+from .programs import PROGRAMS_KEPT
 from .sharding import shard_count
 
 Array = jax.Array
@@ -61,7 +63,7 @@ def _write(buffer: Array, value: Array, offset: Array) -> Array:
 _split = jax.jit(views_of, static_argnums=(1,))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)  # bounded: a sweep over sizes keeps not all
 def _padded(length: int, dtype: Any, sharding: Any) -> Any:
     """A jitted ``buffer -> buffer padded with zeros to length``, placed by ``sharding``
     (one compiled program, run by every process of a multi-process mesh alike)."""
@@ -112,8 +114,17 @@ class FlatStore:
         self.sparse: dict[int, Any] = {}
         self._value_cache: dict[int, Array] = {}
         self._grad_cache: dict[int, Array] = {}
-        # called with (store, index, value) when a value of a new shape or dtype arrives
-        self.on_restructure: Any = None
+        # the owning backend's handler of a value of a new shape or dtype, called with
+        # (store, index, value); held weakly, so the store (which its parameters keep)
+        # never keeps the backend, its state and its programs alive
+        self.on_restructure: weakref.WeakMethod | None = None
+
+    @property
+    def owned(self) -> bool:
+        """Whether a live compiled optimizer holds this store. Once it is gone (or has
+        released the store) the store is only where its parameters' values still live:
+        another compiled optimizer takes them over instead of borrowing them."""
+        return self.on_restructure is not None and self.on_restructure() is not None
 
     def views(self, buffer: Array) -> list[Array]:
         """Every parameter's slice of ``buffer`` (a value, gradient or state buffer),
@@ -220,14 +231,14 @@ class FlatStore:
 
     def write(self, index: int, value: Array) -> None:
         if tuple(value.shape) != self.shapes[index] or value.dtype != self.value_dtype:
-            if self.on_restructure is not None:
-                return self.on_restructure(self, index, value)
-            raise ValueError(
-                f"this parameter is held by a compiled optimizer as {self.shapes[index]} "
-                f"{self.value_dtype}; assigning a {tuple(value.shape)} {value.dtype} array is a "
-                "change of structure: set it before compiling, or call add_param_group with a "
-                "new one"
-            )
+            handler = None if self.on_restructure is None else self.on_restructure()
+            if handler is not None:
+                return handler(self, index, value)
+            # no optimizer holds the store any more: the parameter takes the new value as
+            # its own array (its gradient, of the old shape, is dropped, as a compiled
+            # optimizer's relayout drops it)
+            self.params[index].relocate(OwnArrays(value, None))
+            return None
         if self.flat:
             self.values = _write(self.values, value, self.offsets[index])
             self._value_cache.clear()

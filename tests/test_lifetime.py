@@ -1,0 +1,164 @@
+"""Nothing outlives its optimizer: compiled optimizers, fused steps, eager optimizers
+and LR schedulers created, stepped and dropped in a loop keep the process's memory
+flat and are collected; parameters that outlive their optimizer are taken over by
+the next one (not borrowed from a dead one), with torch's numbers.
+
+The loops run in a fresh process (tests/_lifetime_script.py), so the memory measured
+is theirs alone and no other test's compiled programs or jax state count in it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import lucid
+from lucid.optim._engine import programs
+
+HERE = Path(__file__).parent
+TIMEOUT = 300  # seconds for the whole loop process: far above the ~20 s it takes
+GROWTH_MB = 20  # the resident memory a loop may add after its warm-up
+COUNTS = {
+    "compiled": 500,
+    "compiled_shared_params": 200,
+    "fused": 100,
+    "eager": 500,
+    "schedulers": 500,
+}
+
+
+@pytest.fixture(scope="module")
+def loops() -> dict[str, dict]:
+    """Every loop of tests/_lifetime_script.py, run once in one fresh process."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+    env["JAX_PLATFORMS"] = "cpu"
+    args = [str(x) for case in COUNTS.items() for x in case]
+    result = subprocess.run(
+        [sys.executable, str(HERE / "_lifetime_script.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return {row["case"]: row for row in rows}
+
+
+def _check(row: dict, case: str) -> None:
+    assert row["count"] == COUNTS[case]
+    assert row["refs"] > row["count"]  # something was watched
+    assert row["alive"] == 0, f"{row['alive']} of {row['refs']} objects outlived their loop"
+    assert row["growth_mb"] <= GROWTH_MB, f"{row['growth_mb']:.1f} MB kept by {case}"
+
+
+def test_500_compiled_optimizers_are_collected_and_keep_no_memory(loops):
+    _check(loops["compiled"], "compiled")
+
+
+def test_compiled_optimizers_over_long_lived_parameters_are_collected(loops):
+    """A sweep: 200 compiled optimizers, one after another, over one model's parameters
+    (which live on): each optimizer, its backend and its state go with it."""
+    _check(loops["compiled_shared_params"], "compiled_shared_params")
+
+
+def test_100_fused_steps_are_collected_and_keep_no_memory(loops):
+    _check(loops["fused"], "fused")
+
+
+def test_500_eager_optimizers_are_collected_and_keep_no_memory(loops):
+    _check(loops["eager"], "eager")
+
+
+def test_500_lr_schedulers_are_collected_and_keep_no_memory(loops):
+    _check(loops["schedulers"], "schedulers")
+
+
+# ------------------------------------------------------------------ in process
+def _torch_params(values: list[np.ndarray]) -> list[torch.Tensor]:
+    return [torch.tensor(v, requires_grad=True) for v in values]
+
+
+def test_identical_structures_share_one_compiled_program():
+    """A second compiled optimizer of the same structure (rule, options, shapes, dtypes,
+    placement) builds no program: it runs the one the first built."""
+
+    def run() -> None:
+        params = [lucid.Parameter(jnp.ones(5, jnp.float32)), lucid.Parameter(jnp.ones(2))]
+        compiled = lucid.compile_optimizer(lucid.optim.Adam(params, lr=0.1, amsgrad=True))
+        for p in params:
+            p.grad = jnp.ones(p.shape, p.dtype)
+        compiled.step()
+
+    run()
+    built = programs.step_program.cache_info().misses
+    run()
+    assert programs.step_program.cache_info().misses == built
+
+
+def test_a_new_optimizer_takes_over_parameters_whose_compiled_optimizer_is_gone():
+    """torch: Adam steps, is dropped, then SGD steps the same tensors. lucid's first
+    (compiled) optimizer and its state are collected while the parameters live, and
+    the second compiled optimizer holds the parameters itself: the same numbers."""
+    rng = np.random.default_rng(0)
+    values = [rng.normal(size=(4,)), rng.normal(size=(2, 3))]
+    grads = [[rng.normal(size=v.shape) for v in values] for _ in range(2)]
+
+    tparams = _torch_params(values)
+    for cls, kwargs, grad in (
+        (torch.optim.Adam, {"lr": 0.1}, grads[0]),
+        (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, grads[1]),
+    ):
+        opt = cls(tparams, **kwargs)
+        for p, g in zip(tparams, grad):
+            p.grad = torch.tensor(g)
+        opt.step()
+
+    params = [lucid.Parameter(jnp.asarray(v)) for v in values]
+    first = lucid.optim.Adam(params, lr=0.1)
+    lucid.compile_optimizer(first)
+    for p, g in zip(params, grads[0]):
+        p.grad = jnp.asarray(g)
+    first.step()
+    gone = [weakref.ref(first), weakref.ref(first.backend)]
+    del first
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None]
+
+    second = lucid.optim.SGD(params, lr=0.1, momentum=0.9)
+    lucid.compile_optimizer(second)
+    for p, g in zip(params, grads[1]):
+        p.grad = jnp.asarray(g)
+    second.step()
+    for p, t in zip(params, tparams):
+        chex.assert_trees_all_close(np.asarray(p.data), t.detach().numpy(), rtol=1e-12)
+    # the second optimizer holds every parameter itself: both share its buffer
+    assert params[0].location[0] is params[1].location[0]
+
+
+def test_a_parameter_outliving_its_compiled_optimizer_takes_a_value_of_a_new_shape():
+    """torch lets ``p.data`` take a tensor of another shape; a parameter whose compiled
+    optimizer is gone does too (its gradient, of the old shape, is dropped)."""
+    params = [lucid.Parameter(jnp.ones(3, jnp.float32)), lucid.Parameter(jnp.ones(2))]
+    compiled = lucid.compile_optimizer(lucid.optim.SGD(params, lr=0.5))
+    for p in params:
+        p.grad = jnp.ones(p.shape, p.dtype)
+    compiled.step()
+    del compiled
+    gc.collect()
+    params[0].data = jnp.arange(4.0, dtype=jnp.float32)
+    assert params[0].shape == (4,)
+    assert params[0].grad is None
+    chex.assert_trees_all_equal(np.asarray(params[0].data), np.arange(4.0, dtype=np.float32))
+    chex.assert_trees_all_equal(np.asarray(params[1].data), np.full(2, 0.5, np.float32))
