@@ -186,7 +186,9 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
     lucid's `loss.backward()`. Every [Parameter][lucid.Parameter] in `tree`
     (or in `args`/`kwargs`) is replaced by its array before `loss_fn` sees it,
     and for each Parameter $p$ the gradient of the scalar loss $L$ is
-    accumulated as torch accumulates it:
+    accumulated as torch accumulates it (a loss of exactly one element of any
+    shape, `(1,)` or `(1, 1)`, is differentiated as its one element, as torch's
+    `loss.backward()` does):
 
     $$
     p.\\mathrm{grad} \\leftarrow
@@ -206,9 +208,13 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
     Parameters held by a compiled optimizer are differentiated in place,
     through views of its buffers.
 
+    `loss_fn` and the call's structure key a bounded cache of compiled
+    programs (the 64 most recent stay compiled), which holds `loss_fn` and
+    the call's static leaves until evicted.
+
     Args:
-      loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, the loss as a pure
-        JAX function of arrays.
+      loss_fn: `loss_fn(tree, *args, **kwargs) -> loss`, the loss (a 0-d array,
+        or any array of exactly one element) as a pure JAX function of arrays.
       tree: a pytree holding Parameters (a Parameter, a dict or list of them,
         a model object registered as a pytree).
       *args: further positional arguments of `loss_fn` (data, targets); they
@@ -216,10 +222,13 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
       **kwargs: further keyword arguments of `loss_fn`.
 
     Returns:
-      The loss, a 0-d `jax.Array`.
+      The loss as `loss_fn` returned it (a `jax.Array` of one element: 0-d,
+      or the shape it had).
 
     Raises:
       ValueError: the arguments hold no Parameter.
+      RuntimeError: the loss has more (or fewer) than one element (torch's
+        error); the message names its shape, and no `.grad` changed.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -229,6 +238,8 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
       >>> loss = lucid.backward(lambda w, x: (w * x).sum(), w, jnp.array([1.0, 1.0]))
       >>> w.grad.tolist()  # accumulated, as torch's backward() does
       [3.0, 5.0]
+      >>> lucid.backward(lambda w: w.sum(0, keepdims=True), w).shape  # one element
+      (1,)
     """
     traced = partition(tree, args, kwargs)
     if not traced.storages:

@@ -287,7 +287,7 @@ class CompiledOptimizer:
         """A fused training step for `loss_fn` on this optimizer.
 
         Args:
-          loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, as for
+          loss_fn: `loss_fn(tree, *args, **kwargs) -> loss` (one element), as for
             [backward][lucid.backward].
 
         Returns:
@@ -440,10 +440,16 @@ class FusedStep:
     difference: `.grad` is left untouched (the gradients live only inside the
     executable), so a pre-hook reading `.grad` sees what was there before.
     The Parameters' `.data` are current after the call. Parameters in `tree`
-    that the optimizer does not hold are constants.
+    that the optimizer does not hold are constants. Fused steps of one
+    structure (rule, options, shapes, dtypes, placement, `loss_fn`,
+    `grad_transform`) share one compiled program, kept in a bounded cache
+    (64 structures) that holds `loss_fn` and `grad_transform` until evicted;
+    nothing else outlives the step and its optimizer.
 
     Args:
-      loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, a pure JAX function.
+      loss_fn: `loss_fn(tree, *args, **kwargs) -> loss`, a pure JAX function
+        whose loss has exactly one element (0-d, or `(1,)`, `(1, 1)`... as
+        torch's `backward()` takes it).
       optimizer: one of lucid.optim's optimizers (compiled here, as by
         [compile_optimizer][lucid.compile_optimizer], unless it was compiled
         already) or a [CompiledOptimizer][lucid.optim.CompiledOptimizer].
@@ -503,12 +509,15 @@ class FusedStep:
           **kwargs: further keyword arguments of `loss_fn`.
 
         Returns:
-          The loss before the update, a 0-d `jax.Array`.
+          The loss before the update, as `loss_fn` returned it (one element: 0-d,
+          or the shape it had).
 
         Raises:
           ValueError: a hyper-parameter edited into `param_groups` is invalid, or
             `grad_transform` returned gradients of another structure (nothing has
             moved).
+          RuntimeError: the loss has more (or fewer) than one element (torch's
+            error, naming its shape; nothing has moved).
         """
         optimizer = self.compiled.optimizer
         rule = optimizer.rule
@@ -597,7 +606,7 @@ def fused_step(
     between, in one executable.
 
     Args:
-      loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, a pure JAX
+      loss_fn: `loss_fn(tree, *args, **kwargs) -> loss` (one element), a pure JAX
         function, as for [backward][lucid.backward].
       optimizer: one of lucid.optim's optimizer classes, compiled or not.
       grad_transform: an optax `GradientTransformation` applied to the list of

@@ -53,13 +53,13 @@ def _loss_value(loss: Any) -> float:
     array (jax, NumPy, torch) of exactly one element, whatever its shape.
 
     Raises:
-      RuntimeError: an array of another size (torch's error), naming its shape.
+      ValueError: an array of another size (torch's error), naming its shape.
     """
     shape = tuple(getattr(loss, "shape", ()))
     if math.prod(shape) != 1:
-        raise RuntimeError(
-            f"a Tensor with {math.prod(shape)} elements cannot be converted to Scalar: the "
-            f"closure must return a loss of exactly one element, but returned shape {shape}"
+        raise ValueError(
+            "only one element tensors can be converted to Python scalars: the closure must "
+            f"return a loss of exactly one element, but returned shape {shape}"
         )
     return float(loss.item()) if hasattr(loss, "item") else float(loss)
 
@@ -262,13 +262,16 @@ class LBFGS(Optimizer):
 
         Args:
           closure: clears the gradients, computes them (`lucid.backward`) and
-            returns the loss; called once per function evaluation.
+            returns the loss (a number or an array of exactly one element, any
+            shape, as torch takes it); called once per function evaluation.
 
         Returns:
-          The loss of the first closure call, as torch returns it.
+          The loss of the first closure call, as the closure returned it (torch
+          returns it so).
 
         Raises:
-          ValueError: no closure, or hyper-parameters edited to invalid values.
+          ValueError: no closure, hyper-parameters edited to invalid values, or a
+            closure loss of more (or fewer) than one element (torch's error).
         """
         if closure is None:
             raise ValueError("LBFGS.step needs a closure that re-evaluates the loss")
