@@ -152,7 +152,7 @@ def release(buckets: list[Bucket]) -> None:
         values = store.views(store.values)
         grads = store.views(store.grads) if store.grads is not None else [None] * len(values)
         for i, p in enumerate(store.params):
-            if p.location != (store, i):  # moved elsewhere since (taken over, restructured)
+            if p is None or p.location != (store, i):  # gone, or moved elsewhere since
                 continue
             grad = store.sparse.get(i, grads[i]) if store.has_grad[i] else None
             p.relocate(OwnArrays(values[i], grad))

@@ -240,7 +240,7 @@ class CompiledBackend:
 
     def _restructure(self, store: FlatStore, index: int, value: jax.Array) -> None:
         """A parameter got a value of a new shape or dtype: lay everything out again."""
-        p = store.params[index]
+        p = store.param(index)
         states = self.states()
         if states.get(p) is not None:
             raise ValueError(
@@ -255,7 +255,7 @@ class CompiledBackend:
     # ------------------------------------------------------------ running
     def _check_grads(self, bucket: Bucket, group: Group) -> None:
         if isinstance(bucket.store, Borrowed):
-            p = bucket.store.params[0]
+            p = bucket.store.param(0)
             check_grad(p.grad, p.shape, p.dtype)
             sparse = {0: p.grad} if is_sparse(p.grad) else {}
         else:
@@ -324,7 +324,7 @@ def _vector_sharding(buckets: list[Bucket]) -> Any:
     for bucket in buckets:
         if bucket.domain is None:
             continue
-        sharding = bucket.store.params[0].data.sharding
+        sharding = bucket.store.param(0).data.sharding
         if isinstance(sharding, NamedSharding):
             return NamedSharding(sharding.mesh, PartitionSpec())
         if len(sharding.device_set) == 1:

@@ -87,7 +87,10 @@ class FlatStore:
         sharding: Any = None,
         state_sharding: Any = None,
     ) -> None:
-        self.params = list(params)
+        # weakly: each parameter keeps its store (its value lives there), so a strong
+        # list would be a cycle that keeps the buffers until the cyclic gc runs; while
+        # an optimizer holds the store, it holds the parameters too
+        self._params = [weakref.ref(p) for p in params]
         self.flat = flat
         self.value_dtype = values[0].dtype
         self.wide = compute_dtype(self.value_dtype) == np.float64  # hyper-parameters in float64 too
@@ -108,7 +111,7 @@ class FlatStore:
         )
         self.values: Array = self.like(values) if flat else jnp.asarray(values[0])
         self.grads: Array | None = None
-        self.has_grad = np.zeros(len(self.params), bool)
+        self.has_grad = np.zeros(len(self._params), bool)
         # gradients assigned sparse, by index: the step checks them as torch does,
         # and .grad shows them as assigned (the buffer holds them densified)
         self.sparse: dict[int, Any] = {}
@@ -118,6 +121,16 @@ class FlatStore:
         # (store, index, value); held weakly, so the store (which its parameters keep)
         # never keeps the backend, its state and its programs alive
         self.on_restructure: weakref.WeakMethod | None = None
+
+    @property
+    def params(self) -> list[Any]:
+        """The parameters the store holds, in index order (``None`` for one that is gone,
+        which only happens once no optimizer holds the store)."""
+        return [ref() for ref in self._params]
+
+    def param(self, index: int) -> Any:
+        """The parameter at ``index`` (`params`, without building the list)."""
+        return self._params[index]()
 
     @property
     def owned(self) -> bool:
@@ -208,7 +221,7 @@ class FlatStore:
         self.accumulate(grads, present)
 
     def clear_grads(self, indices: Sequence[int], set_to_none: bool) -> None:
-        if len(indices) == len(self.params):
+        if len(indices) == len(self._params):
             return self._clear_all(set_to_none)
         for index in indices:
             if set_to_none:
@@ -237,7 +250,7 @@ class FlatStore:
             # no optimizer holds the store any more: the parameter takes the new value as
             # its own array (its gradient, of the old shape, is dropped, as a compiled
             # optimizer's relayout drops it)
-            self.params[index].relocate(OwnArrays(value, None))
+            self.param(index).relocate(OwnArrays(value, None))
             return None
         if self.flat:
             self.values = _write(self.values, value, self.offsets[index])
@@ -319,6 +332,9 @@ class Borrowed:
         self.wide = compute_dtype(self.value_dtype) == np.float64
         shape = tuple(param.shape)
         self.layout = Layout(False, 1, (int(np.prod(shape)),), (shape,))
+
+    def param(self, index: int) -> Any:
+        return self.params[index]
 
     @property
     def values(self) -> Array:
