@@ -142,7 +142,7 @@ def rebuild_from_views(static: tuple, views: list, arrays: list) -> tuple[Any, t
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
-def _program(loss_fn: Callable[..., Any], static: tuple) -> Callable:
+def loss_program(loss_fn: Callable[..., Any], static: tuple) -> Callable:
     """``(buffers, arrays) -> (loss, grads)`` for one loss function and call structure,
     jitted. A bounded cache of programs of their own, rather than one ``jax.jit`` with
     static arguments: jax would keep thousands of compiled executables (one per new
@@ -170,7 +170,7 @@ def value_and_grads(
         buffers = [jax.device_put(b, device) for b in buffers]
         arrays = [jax.device_put(a, device) if isinstance(a, jax.Array) else a for a in arrays]
     try:
-        run = _program(loss_fn, traced.static)
+        run = loss_program(loss_fn, traced.static)
     except TypeError:  # an argument that cannot be hashed: evaluated eagerly
         loss, grads = _value_and_grads(loss_fn, traced.static, buffers, arrays)
     else:

@@ -203,3 +203,31 @@ def test_dropped_optimizers_fused_steps_and_schedulers_need_no_cyclic_gc():
         finally:
             gc.enable()
         assert alive == [], f"{kind}: {alive} outlived their last reference"
+
+
+def test_loss_functions_are_held_only_by_the_bounded_program_caches():
+    """`backward` and fused steps keep a loss function (and a plain grad_transform) only
+    as a key of their bounded program caches: cleared, nothing holds it any more (a
+    ``jax.jit`` with the loss as a static argument kept it, and its executable, for
+    thousands of calls)."""
+    from lucid import _backward
+
+    def make_loss():
+        return lambda w: (w**2).sum()
+
+    def make_transform():
+        return lambda grads: grads
+
+    w = lucid.Parameter(jnp.ones(3))
+    loss, transform = make_loss(), make_transform()
+    lucid.backward(loss, w)
+    fused = lucid.fused_step(loss, lucid.optim.SGD([w], lr=0.1), grad_transform=transform)
+    fused(w)
+    held = [weakref.ref(loss), weakref.ref(transform)]
+    del loss, transform, fused
+    gc.collect()
+    assert all(ref() is not None for ref in held)  # cached: the next call compiles nothing
+    _backward.loss_program.cache_clear()
+    programs.fused_program.cache_clear()
+    gc.collect()
+    assert [ref() for ref in held] == [None, None]
