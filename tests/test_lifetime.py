@@ -20,6 +20,7 @@ from pathlib import Path
 import chex
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 
 import lucid
@@ -220,3 +221,37 @@ def test_loss_functions_are_held_only_by_the_bounded_program_caches():
     programs.fused_program.cache_clear()
     gc.collect()
     assert [ref() for ref in held] == [None, None]
+
+
+def test_a_dropped_compiled_handle_leaves_the_compiled_form_to_its_optimizer():
+    """The registry of compiled handles is weak; the compiled step and its state belong
+    to the optimizer: after the handle is dropped, compiling again (or a fused step)
+    finds them, with the ``shard_state_over`` they were made with, and an L-BFGS keeps its
+    Barzilai-Borwein step's state. Each goes with its optimizer."""
+    w = lucid.Parameter(jnp.ones(4))
+    opt = lucid.optim.SGD([w], lr=0.1, momentum=0.9)
+    lucid.compile_optimizer(opt, shard_state_over="data")  # the handle dropped at once
+    fused = lucid.fused_step(lambda w: (w**2).sum(), opt)
+    assert fused.compiled.shard_state_over == "data"
+    fused(w)
+    with pytest.raises(ValueError, match="shard_state_over='data'"):
+        lucid.compile_optimizer(opt)
+
+    x = lucid.Parameter(jnp.array([1.0, -2.0]))
+    lbfgs = lucid.optim.LBFGS([x], lr=0.5)
+    handle = lucid.compile_optimizer(lbfgs)
+    x.grad = jnp.array([1.0, 1.0])
+    handle.step()
+    before = handle.state_dict()["state"]
+    runner = weakref.ref(handle.optimizer)
+    del handle
+    gc.collect()
+    again = lucid.compile_optimizer(lbfgs)
+    assert again.optimizer is runner()
+    chex.assert_trees_all_equal(again.state_dict()["state"], before)
+    assert again.state_dict()["state"][0]["step"] == 1
+
+    gone = [weakref.ref(o) for o in (opt, fused, lbfgs, again)] + [runner]
+    del opt, fused, lbfgs, again
+    gc.collect()
+    assert [ref() for ref in gone] == [None] * len(gone)

@@ -326,11 +326,24 @@ def _supported() -> tuple[type, ...]:
 _COMPILED: weakref.WeakKeyDictionary[Optimizer, weakref.ref[CompiledOptimizer]] = (
     weakref.WeakKeyDictionary()
 )
+# an L-BFGS -> the Barzilai-Borwein optimizer that runs its compiled steps (and keeps
+# their state): as long as the L-BFGS lives, as an optimizer keeps its compiled backend
+_RUNNERS: weakref.WeakKeyDictionary[Optimizer, Optimizer] = weakref.WeakKeyDictionary()
 
 
 def _compiled_form(optimizer: Optimizer) -> CompiledOptimizer | None:
+    """The optimizer's compiled form: its live CompiledOptimizer, or, when that wrapper was
+    dropped, a new one over the compiled backend the optimizer (or its L-BFGS runner)
+    still has, with its ``shard_state_over``; ``None`` if it was never compiled."""
     found = _COMPILED.get(optimizer)
-    return None if found is None else found()
+    compiled = None if found is None else found()
+    if compiled is None:
+        runner = _RUNNERS.get(optimizer, optimizer)
+        backend = runner.backend
+        if isinstance(backend, CompiledBackend):
+            compiled = CompiledOptimizer(runner, backend.shard_state_over)
+            _COMPILED[optimizer] = weakref.ref(compiled)
+    return compiled
 
 
 def compile_optimizer(
@@ -342,7 +355,9 @@ def compile_optimizer(
     state (adopting what eager steps built, so compiling halfway through a run
     continues it exactly); the optimizer's API and numbers are unchanged, and
     compiling the same optimizer again returns the same
-    [CompiledOptimizer][lucid.optim.CompiledOptimizer]. Hyper-parameters are
+    [CompiledOptimizer][lucid.optim.CompiledOptimizer] (once that handle is
+    dropped, a new one over the same compiled step and state: the compiled
+    form lives as long as the optimizer). Hyper-parameters are
     runtime inputs read from `param_groups` at every step: schedulers and
     hand edits never recompile. For LBFGS the compiled step is the
     closure-less Barzilai-Borwein step of `lucid.functional.lbfgs` on its own
@@ -406,7 +421,9 @@ def compile_optimizer(
             f"this optimizer was compiled with shard_state_over={backend.shard_state_over!r}; "
             f"it cannot be compiled again with {shard_state_over!r}"
         )
-    runner = BarzilaiBorwein(optimizer) if optimizer.rule is LBFGS_RULE else optimizer
+    runner = optimizer
+    if optimizer.rule is LBFGS_RULE:
+        runner = _RUNNERS[optimizer] = BarzilaiBorwein(optimizer)
     compiled = CompiledOptimizer(runner, shard_state_over)
     _COMPILED[optimizer] = weakref.ref(compiled)
     return compiled
