@@ -234,6 +234,8 @@ class CompiledBackend:
             self.rule, layout.entries(params, states), self.shard_state_over
         )
         for bucket in self._buckets:
+            # adopted or loaded scalars placed as the program returns them
+            bucket.state = _scalars_placed(bucket.state, _vector_sharding([bucket]))
             if isinstance(bucket.store, FlatStore):
                 # weakly: the parameters keep their store, which must not keep us
                 bucket.store.on_restructure = weakref.WeakMethod(self._restructure)
@@ -272,7 +274,10 @@ class CompiledBackend:
             store = bucket.store
             creates = bucket.state is None or self.rule.start_optional is not None
             template = store.state_template() if creates else store.values
-            states.append(begin(self.rule, group.hyper.flags, start, bucket.state, template))
+            state = begin(self.rule, group.hyper.flags, start, bucket.state, template)
+            if creates:  # new fields placed as the program returns them
+                state = _scalars_placed(state, _vector_sharding([bucket]))
+            states.append(state)
         return states
 
     def _hyper(
@@ -317,6 +322,22 @@ class CompiledBackend:
 
 def _params_of(groups: Any) -> Params:
     return tuple(tuple(params) for params in groups)
+
+
+def _scalars_placed(state: Any, where: Any) -> Any:
+    """``state`` with its 0-d fields (``step``...) replicated where the bucket lives, as
+    the program returns them: a scalar made on the default device (a new state, one
+    adopted or loaded) would otherwise make the next step compile again (one new
+    executable for the same structure, on a mesh)."""
+    if where is None or state is None:
+        return state
+    fields = [
+        jax.device_put(np.asarray(v), where)
+        if isinstance(v, jax.Array) and v.ndim == 0 and v.sharding != where
+        else v
+        for v in state
+    ]
+    return type(state)(*fields)
 
 
 def _vector_sharding(buckets: list[Bucket]) -> Any:
