@@ -10,10 +10,13 @@ same arrays however its parameters are stored.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._arrays import device_domain
@@ -81,19 +84,44 @@ def present_mask(static: tuple, position: int, size: int) -> np.ndarray:
     return present
 
 
+PROGRAMS_KEPT = 64  # distinct (loss function, structure) pairs whose programs stay compiled
+
+
+def one_element(loss: Any) -> Any:
+    """The loss as the 0-d array that is differentiated.
+
+    torch's ``loss.backward()`` takes a tensor of exactly one element, whatever its
+    shape (``(1,)``, ``(1, 1)``...), and differentiates that element; so does lucid.
+    Anything that is not an array is left to JAX (and its error).
+
+    Raises:
+      RuntimeError: an array of any other size (torch's error), naming its shape.
+    """
+    if not isinstance(loss, jax.Array | np.ndarray) or loss.ndim == 0:
+        return loss
+    if math.prod(loss.shape) != 1:
+        raise RuntimeError(
+            "grad can be implicitly created only for scalar outputs: the loss must have "
+            f"exactly one element, but loss_fn returned an array of shape {tuple(loss.shape)}"
+        )
+    return jnp.reshape(loss, ())
+
+
 def _value_and_grads(
     loss_fn: Callable[..., Any], static: tuple, buffers: list, arrays: list
 ) -> tuple[jax.Array, list]:
-    """Loss and gradients w.r.t. every storage's buffer (through per-parameter views,
-    so no gradient is taken through a slice of a large buffer)."""
+    """Loss (as ``loss_fn`` returned it) and gradients w.r.t. every storage's buffer
+    (through per-parameter views, so no gradient is taken through a slice of a large
+    buffer)."""
     layouts = static[3]
 
-    def loss_of(views: list) -> jax.Array:
+    def loss_of(views: list) -> tuple[jax.Array, jax.Array]:
         tree, args, kwargs = rebuild_from_views(static, views, arrays)
-        return loss_fn(tree, *args, **kwargs)
+        loss = loss_fn(tree, *args, **kwargs)
+        return one_element(loss), loss
 
     views = [layout.split(buffer) for buffer, layout in zip(buffers, layouts)]
-    loss, view_grads = jax.value_and_grad(loss_of)(views)
+    (_, loss), view_grads = jax.value_and_grad(loss_of, has_aux=True)(views)
     return loss, [layout.join(g) for g, layout in zip(view_grads, layouts)]
 
 
@@ -113,7 +141,17 @@ def rebuild_from_views(static: tuple, views: list, arrays: list) -> tuple[Any, t
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-_compiled_value_and_grads = jax.jit(_value_and_grads, static_argnums=(0, 1))
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def loss_program(loss_fn: Callable[..., Any], static: tuple) -> Callable:
+    """``(buffers, arrays) -> (loss, grads)`` for one loss function and call structure,
+    jitted. A bounded cache of programs of their own, rather than one ``jax.jit`` with
+    static arguments: jax would keep thousands of compiled executables (one per new
+    ``lambda``, ~1.5 MB each on CPU), while an evicted program here frees its own."""
+
+    def run(buffers: list, arrays: list) -> tuple[jax.Array, list]:
+        return _value_and_grads(loss_fn, static, buffers, arrays)
+
+    return jax.jit(run)
 
 
 def value_and_grads(
@@ -132,11 +170,11 @@ def value_and_grads(
         buffers = [jax.device_put(b, device) for b in buffers]
         arrays = [jax.device_put(a, device) if isinstance(a, jax.Array) else a for a in arrays]
     try:
-        hash((loss_fn, traced.static))
-        run = _compiled_value_and_grads
-    except TypeError:
-        run = _value_and_grads
-    loss, grads = run(loss_fn, traced.static, buffers, arrays)
+        run = loss_program(loss_fn, traced.static)
+    except TypeError:  # an argument that cannot be hashed: evaluated eagerly
+        loss, grads = _value_and_grads(loss_fn, traced.static, buffers, arrays)
+    else:
+        loss, grads = run(buffers, arrays)
     if len(domains) > 1:
         grads = [jax.device_put(g, b.sharding) for g, b in zip(grads, traced.buffers)]
     return loss, grads
@@ -148,7 +186,9 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
     lucid's `loss.backward()`. Every [Parameter][lucid.Parameter] in `tree`
     (or in `args`/`kwargs`) is replaced by its array before `loss_fn` sees it,
     and for each Parameter $p$ the gradient of the scalar loss $L$ is
-    accumulated as torch accumulates it:
+    accumulated as torch accumulates it (a loss of exactly one element of any
+    shape, `(1,)` or `(1, 1)`, is differentiated as its one element, as torch's
+    `loss.backward()` does):
 
     $$
     p.\\mathrm{grad} \\leftarrow
@@ -168,9 +208,13 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
     Parameters held by a compiled optimizer are differentiated in place,
     through views of its buffers.
 
+    `loss_fn` and the call's structure key a bounded cache of compiled
+    programs (the 64 most recent stay compiled), which holds `loss_fn` and
+    the call's static leaves until evicted.
+
     Args:
-      loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, the loss as a pure
-        JAX function of arrays.
+      loss_fn: `loss_fn(tree, *args, **kwargs) -> loss`, the loss (a 0-d array,
+        or any array of exactly one element) as a pure JAX function of arrays.
       tree: a pytree holding Parameters (a Parameter, a dict or list of them,
         a model object registered as a pytree).
       *args: further positional arguments of `loss_fn` (data, targets); they
@@ -178,10 +222,13 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
       **kwargs: further keyword arguments of `loss_fn`.
 
     Returns:
-      The loss, a 0-d `jax.Array`.
+      The loss as `loss_fn` returned it (a `jax.Array` of one element: 0-d,
+      or the shape it had).
 
     Raises:
       ValueError: the arguments hold no Parameter.
+      RuntimeError: the loss has more (or fewer) than one element (torch's
+        error); the message names its shape, and no `.grad` changed.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -191,6 +238,8 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
       >>> loss = lucid.backward(lambda w, x: (w * x).sum(), w, jnp.array([1.0, 1.0]))
       >>> w.grad.tolist()  # accumulated, as torch's backward() does
       [3.0, 5.0]
+      >>> lucid.backward(lambda w: w.sum(0, keepdims=True), w).shape  # one element
+      (1,)
     """
     traced = partition(tree, args, kwargs)
     if not traced.storages:

@@ -14,6 +14,7 @@ the L-BFGS stays eager."""
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -286,7 +287,7 @@ class CompiledOptimizer:
         """A fused training step for `loss_fn` on this optimizer.
 
         Args:
-          loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, as for
+          loss_fn: `loss_fn(tree, *args, **kwargs) -> loss` (one element), as for
             [backward][lucid.backward].
 
         Returns:
@@ -325,11 +326,24 @@ def _supported() -> tuple[type, ...]:
 _COMPILED: weakref.WeakKeyDictionary[Optimizer, weakref.ref[CompiledOptimizer]] = (
     weakref.WeakKeyDictionary()
 )
+# an L-BFGS -> the Barzilai-Borwein optimizer that runs its compiled steps (and keeps
+# their state): as long as the L-BFGS lives, as an optimizer keeps its compiled backend
+_RUNNERS: weakref.WeakKeyDictionary[Optimizer, Optimizer] = weakref.WeakKeyDictionary()
 
 
 def _compiled_form(optimizer: Optimizer) -> CompiledOptimizer | None:
+    """The optimizer's compiled form: its live CompiledOptimizer, or, when that wrapper was
+    dropped, a new one over the compiled backend the optimizer (or its L-BFGS runner)
+    still has, with its ``shard_state_over``; ``None`` if it was never compiled."""
     found = _COMPILED.get(optimizer)
-    return None if found is None else found()
+    compiled = None if found is None else found()
+    if compiled is None:
+        runner = _RUNNERS.get(optimizer, optimizer)
+        backend = runner.backend
+        if isinstance(backend, CompiledBackend):
+            compiled = CompiledOptimizer(runner, backend.shard_state_over)
+            _COMPILED[optimizer] = weakref.ref(compiled)
+    return compiled
 
 
 def compile_optimizer(
@@ -341,7 +355,9 @@ def compile_optimizer(
     state (adopting what eager steps built, so compiling halfway through a run
     continues it exactly); the optimizer's API and numbers are unchanged, and
     compiling the same optimizer again returns the same
-    [CompiledOptimizer][lucid.optim.CompiledOptimizer]. Hyper-parameters are
+    [CompiledOptimizer][lucid.optim.CompiledOptimizer] (once that handle is
+    dropped, a new one over the same compiled step and state: the compiled
+    form lives as long as the optimizer). Hyper-parameters are
     runtime inputs read from `param_groups` at every step: schedulers and
     hand edits never recompile. For LBFGS the compiled step is the
     closure-less Barzilai-Borwein step of `lucid.functional.lbfgs` on its own
@@ -405,7 +421,9 @@ def compile_optimizer(
             f"this optimizer was compiled with shard_state_over={backend.shard_state_over!r}; "
             f"it cannot be compiled again with {shard_state_over!r}"
         )
-    runner = BarzilaiBorwein(optimizer) if optimizer.rule is LBFGS_RULE else optimizer
+    runner = optimizer
+    if optimizer.rule is LBFGS_RULE:
+        runner = _RUNNERS[optimizer] = BarzilaiBorwein(optimizer)
     compiled = CompiledOptimizer(runner, shard_state_over)
     _COMPILED[optimizer] = weakref.ref(compiled)
     return compiled
@@ -439,10 +457,16 @@ class FusedStep:
     difference: `.grad` is left untouched (the gradients live only inside the
     executable), so a pre-hook reading `.grad` sees what was there before.
     The Parameters' `.data` are current after the call. Parameters in `tree`
-    that the optimizer does not hold are constants.
+    that the optimizer does not hold are constants. Fused steps of one
+    structure (rule, options, shapes, dtypes, placement, `loss_fn`,
+    `grad_transform`) share one compiled program, kept in a bounded cache
+    (64 structures) that holds `loss_fn` and `grad_transform` until evicted;
+    nothing else outlives the step and its optimizer.
 
     Args:
-      loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, a pure JAX function.
+      loss_fn: `loss_fn(tree, *args, **kwargs) -> loss`, a pure JAX function
+        whose loss has exactly one element (0-d, or `(1,)`, `(1, 1)`... as
+        torch's `backward()` takes it).
       optimizer: one of lucid.optim's optimizers (compiled here, as by
         [compile_optimizer][lucid.compile_optimizer], unless it was compiled
         already) or a [CompiledOptimizer][lucid.optim.CompiledOptimizer].
@@ -461,7 +485,7 @@ class FusedStep:
       compiled: the [CompiledOptimizer][lucid.optim.CompiledOptimizer] whose
         steps this runs.
       grad_transform: the optax transform applied to the gradients (a plain
-        function is held as `optax.stateless` of it), or `None`.
+        function is held as a stateless optax transform of it), or `None`.
       transform_state: the `grad_transform`'s state, carried from call to call
         (`None` without a transform).
 
@@ -504,12 +528,15 @@ class FusedStep:
           **kwargs: further keyword arguments of `loss_fn`.
 
         Returns:
-          The loss before the update, a 0-d `jax.Array`.
+          The loss before the update, as `loss_fn` returned it (one element: 0-d,
+          or the shape it had).
 
         Raises:
           ValueError: a hyper-parameter edited into `param_groups` is invalid, or
             `grad_transform` returned gradients of another structure (nothing has
             moved).
+          RuntimeError: the loss has more (or fewer) than one element (torch's
+            error, naming its shape; nothing has moved).
         """
         optimizer = self.compiled.optimizer
         rule = optimizer.rule
@@ -543,14 +570,38 @@ class FusedStep:
         self._transform_params = tuple(params)
 
 
+@dataclasses.dataclass(frozen=True)
+class _PlainInit:
+    """The ``init`` of a plain function's stateless transform (equal for equal functions)."""
+
+    fn: Callable
+
+    def __call__(self, params: Any) -> optax.EmptyState:
+        return optax.EmptyState()
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlainUpdate:
+    """The ``update`` of a plain function's stateless transform: ``fn`` on the gradients."""
+
+    fn: Callable
+
+    def __call__(self, updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        return self.fn(updates), state
+
+
 def _as_transform(grad_transform: Any) -> Any:
-    """An optax transform as it is, a plain function as a stateless transform of it."""
+    """An optax transform as it is, a plain function as a stateless transform of it
+    (equal to any other made of the same function, so the fused steps of one loss and
+    one function share one compiled program)."""
     if grad_transform is None:
         return None
     if hasattr(grad_transform, "init") and hasattr(grad_transform, "update"):
         return grad_transform
     if callable(grad_transform):
-        return optax.stateless(lambda updates, params: grad_transform(updates))
+        return optax.GradientTransformation(
+            _PlainInit(grad_transform), _PlainUpdate(grad_transform)
+        )
     raise TypeError(
         "grad_transform must be an optax GradientTransformation, a function grads -> grads, "
         f"or None; got {type(grad_transform).__name__}"
@@ -574,7 +625,7 @@ def fused_step(
     between, in one executable.
 
     Args:
-      loss_fn: `loss_fn(tree, *args, **kwargs) -> scalar`, a pure JAX
+      loss_fn: `loss_fn(tree, *args, **kwargs) -> loss` (one element), a pure JAX
         function, as for [backward][lucid.backward].
       optimizer: one of lucid.optim's optimizer classes, compiled or not.
       grad_transform: an optax `GradientTransformation` applied to the list of

@@ -12,6 +12,7 @@ closure-less Barzilai-Borwein step of ``lucid.functional.lbfgs``.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,22 @@ def _split(flat: Array, shapes: tuple[tuple[int, ...], ...]) -> list[Array]:
         pieces.append(flat[offset : offset + size].reshape(shape))
         offset += size
     return pieces
+
+
+def _loss_value(loss: Any) -> float:
+    """The closure's loss as a host float, as torch's ``float(closure())``: a number or an
+    array (jax, NumPy, torch) of exactly one element, whatever its shape.
+
+    Raises:
+      ValueError: an array of another size (torch's error), naming its shape.
+    """
+    shape = tuple(getattr(loss, "shape", ()))
+    if math.prod(shape) != 1:
+        raise ValueError(
+            "only one element tensors can be converted to Python scalars: the closure must "
+            f"return a loss of exactly one element, but returned shape {shape}"
+        )
+    return float(loss.item()) if hasattr(loss, "item") else float(loss)
 
 
 _HISTORY = ("old_dirs", "old_stps", "ro", "al")
@@ -236,7 +253,7 @@ class LBFGS(Optimizer):
         self, closure: Callable, x: list[Array], t: Any, d: Array
     ) -> tuple[float, Array]:
         self._add_grad(t, d)
-        loss = float(closure())
+        loss = _loss_value(closure())
         flat_grad = self._gather_flat_grad()
         for p, data in zip(self._group_params, x):
             p.data = data
@@ -248,13 +265,16 @@ class LBFGS(Optimizer):
 
         Args:
           closure: clears the gradients, computes them (`lucid.backward`) and
-            returns the loss; called once per function evaluation.
+            returns the loss (a number or an array of exactly one element, any
+            shape, as torch takes it); called once per function evaluation.
 
         Returns:
-          The loss of the first closure call, as torch returns it.
+          The loss of the first closure call, as the closure returned it (torch
+          returns it so).
 
         Raises:
-          ValueError: no closure, or hyper-parameters edited to invalid values.
+          ValueError: no closure, hyper-parameters edited to invalid values, or a
+            closure loss of more (or fewer) than one element (torch's error).
         """
         if closure is None:
             raise ValueError("LBFGS.step needs a closure that re-evaluates the loss")
@@ -270,7 +290,7 @@ class LBFGS(Optimizer):
         state.setdefault("n_iter", 0)
 
         orig_loss = closure()
-        loss = float(orig_loss)
+        loss = _loss_value(orig_loss)
         current_evals = 1
         state["func_evals"] += 1
         flat_grad = self._gather_flat_grad()
@@ -342,7 +362,7 @@ class LBFGS(Optimizer):
                 self._add_grad(t, d)
                 opt_cond = False
                 if n_iter != max_iter:
-                    loss = float(closure())
+                    loss = _loss_value(closure())
                     flat_grad = self._gather_flat_grad()
                     opt_cond = jnp.max(jnp.abs(flat_grad)) <= tolerance_grad
                     ls_func_evals = 1

@@ -65,7 +65,12 @@ def entries(params_by_group: Sequence[Sequence[Parameter]], states: Mapping) -> 
     found = []
     for index, params in enumerate(params_by_group):
         for p in params:
-            borrowed = not isinstance(p.location[0], OwnArrays)
+            storage = p.location[0]
+            # in another live compiled optimizer's store: borrowed; in our own, in a store
+            # whose optimizer is gone, or in arrays of its own: taken over
+            borrowed = not isinstance(storage, OwnArrays) and not (
+                isinstance(storage, FlatStore) and not storage.owned
+            )
             grad = None if borrowed else p.grad
             found.append(Entry(p, index, p.data, grad, states.get(p), borrowed))
     return found
@@ -147,6 +152,8 @@ def release(buckets: list[Bucket]) -> None:
         values = store.views(store.values)
         grads = store.views(store.grads) if store.grads is not None else [None] * len(values)
         for i, p in enumerate(store.params):
+            if p is None or p.location != (store, i):  # gone, or moved elsewhere since
+                continue
             grad = store.sparse.get(i, grads[i]) if store.has_grad[i] else None
             p.relocate(OwnArrays(values[i], grad))
         store.on_restructure = None

@@ -20,6 +20,7 @@ domain (`lucid.optim._engine.programs`) applies the rule to every bucket, with:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -247,12 +248,15 @@ class CompiledBackend:
             for index, p in enumerate(bucket.store.params)
         }
         for bucket in self._buckets:
+            # adopted or loaded scalars placed as the program returns them
+            bucket.state = _scalars_placed(bucket.state, _vector_sharding([bucket]))
             if isinstance(bucket.store, FlatStore):
-                bucket.store.on_restructure = self._restructure
+                # weakly: the parameters keep their store, which must not keep us
+                bucket.store.on_restructure = weakref.WeakMethod(self._restructure)
 
     def _restructure(self, store: FlatStore, index: int, value: jax.Array) -> None:
         """A parameter got a value of a new shape or dtype: lay everything out again."""
-        p = store.params[index]
+        p = store.param(index)
         states = self.states()
         if states.get(p) is not None:
             raise ValueError(
@@ -267,7 +271,7 @@ class CompiledBackend:
     # ------------------------------------------------------------ running
     def _check_grads(self, bucket: Bucket, group: Group) -> None:
         if isinstance(bucket.store, Borrowed):
-            p = bucket.store.params[0]
+            p = bucket.store.param(0)
             check_grad(p.grad, p.shape, p.dtype)
             sparse = {0: p.grad} if is_sparse(p.grad) else {}
         else:
@@ -284,7 +288,10 @@ class CompiledBackend:
             store = bucket.store
             creates = bucket.state is None or self.rule.start_optional is not None
             template = store.state_template() if creates else store.values
-            states.append(begin(self.rule, group.hyper.flags, start, bucket.state, template))
+            state = begin(self.rule, group.hyper.flags, start, bucket.state, template)
+            if creates:  # new fields placed as the program returns them
+                state = _scalars_placed(state, _vector_sharding([bucket]))
+            states.append(state)
         return states
 
     def _hyper(
@@ -331,12 +338,28 @@ def _params_of(groups: Any) -> Params:
     return tuple(tuple(params) for params in groups)
 
 
+def _scalars_placed(state: Any, where: Any) -> Any:
+    """``state`` with its 0-d fields (``step``...) replicated where the bucket lives, as
+    the program returns them: a scalar made on the default device (a new state, one
+    adopted or loaded) would otherwise make the next step compile again (one new
+    executable for the same structure, on a mesh)."""
+    if where is None or state is None:
+        return state
+    fields = [
+        jax.device_put(np.asarray(v), where)
+        if isinstance(v, jax.Array) and v.ndim == 0 and v.sharding != where
+        else v
+        for v in state
+    ]
+    return type(state)(*fields)
+
+
 def _vector_sharding(buckets: list[Bucket]) -> Any:
     """Where a hyper-parameter vector for ``buckets`` goes: replicated over their devices."""
     for bucket in buckets:
         if bucket.domain is None:
             continue
-        sharding = bucket.store.params[0].data.sharding
+        sharding = bucket.store.param(0).data.sharding
         if isinstance(sharding, NamedSharding):
             return NamedSharding(sharding.mesh, PartitionSpec())
         if len(sharding.device_set) == 1:

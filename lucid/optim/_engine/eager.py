@@ -19,10 +19,11 @@ from ..._parameter import Parameter
 from ..._storage import check_grad
 from ...functional._rule import Rule, apply_leaf, check_sparse_grad, compute_dtype, is_sparse
 from .interface import Group
+from .programs import PROGRAMS_KEPT
 from .state import begin, packed_hyper
 
 
-@functools.cache
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def group_program(
     rule: Rule, flags: tuple[tuple[str, Any], ...], names: tuple[str, ...]
 ) -> Callable:

@@ -25,6 +25,7 @@ equal, contiguous piece; the padding is never shown (views cut from offset 0).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,10 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._storage import check_grad
+from ..._storage import OwnArrays, check_grad
 from ...functional._rule import compute_dtype
 from ...functional.sparse_adam import dense
 from .layout import Layout, join_views, views_of
+from .programs import PROGRAMS_KEPT
 from .sharding import shard_count
 
 Array = jax.Array
@@ -61,7 +63,7 @@ def _write(buffer: Array, value: Array, offset: Array) -> Array:
 _split = jax.jit(views_of, static_argnums=(1,))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)  # bounded: a sweep over sizes keeps not all
 def _padded(length: int, dtype: Any, sharding: Any) -> Any:
     """A jitted ``buffer -> buffer padded with zeros to length``, placed by ``sharding``
     (one compiled program, run by every process of a multi-process mesh alike)."""
@@ -85,7 +87,10 @@ class FlatStore:
         sharding: Any = None,
         state_sharding: Any = None,
     ) -> None:
-        self.params = list(params)
+        # weakly: each parameter keeps its store (its value lives there), so a strong
+        # list would be a cycle that keeps the buffers until the cyclic gc runs; while
+        # an optimizer holds the store, it holds the parameters too
+        self._params = [weakref.ref(p) for p in params]
         self.flat = flat
         self.value_dtype = values[0].dtype
         self.wide = compute_dtype(self.value_dtype) == np.float64  # hyper-parameters in float64 too
@@ -106,14 +111,33 @@ class FlatStore:
         )
         self.values: Array = self.like(values) if flat else jnp.asarray(values[0])
         self.grads: Array | None = None
-        self.has_grad = np.zeros(len(self.params), bool)
+        self.has_grad = np.zeros(len(self._params), bool)
         # gradients assigned sparse, by index: the step checks them as torch does,
         # and .grad shows them as assigned (the buffer holds them densified)
         self.sparse: dict[int, Any] = {}
         self._value_cache: dict[int, Array] = {}
         self._grad_cache: dict[int, Array] = {}
-        # called with (store, index, value) when a value of a new shape or dtype arrives
-        self.on_restructure: Any = None
+        # the owning backend's handler of a value of a new shape or dtype, called with
+        # (store, index, value); held weakly, so the store (which its parameters keep)
+        # never keeps the backend, its state and its programs alive
+        self.on_restructure: weakref.WeakMethod | None = None
+
+    @property
+    def params(self) -> list[Any]:
+        """The parameters the store holds, in index order (``None`` for one that is gone,
+        which only happens once no optimizer holds the store)."""
+        return [ref() for ref in self._params]
+
+    def param(self, index: int) -> Any:
+        """The parameter at ``index`` (`params`, without building the list)."""
+        return self._params[index]()
+
+    @property
+    def owned(self) -> bool:
+        """Whether a live compiled optimizer holds this store. Once it is gone (or has
+        released the store) the store is only where its parameters' values still live:
+        another compiled optimizer takes them over instead of borrowing them."""
+        return self.on_restructure is not None and self.on_restructure() is not None
 
     def views(self, buffer: Array) -> list[Array]:
         """Every parameter's slice of ``buffer`` (a value, gradient or state buffer),
@@ -200,7 +224,7 @@ class FlatStore:
         return [i for i in indices if i in self.sparse]
 
     def clear_grads(self, indices: Sequence[int], set_to_none: bool) -> None:
-        if len(indices) == len(self.params):
+        if len(indices) == len(self._params):
             return self._clear_all(set_to_none)
         for index in indices:
             if set_to_none:
@@ -223,14 +247,14 @@ class FlatStore:
 
     def write(self, index: int, value: Array) -> None:
         if tuple(value.shape) != self.shapes[index] or value.dtype != self.value_dtype:
-            if self.on_restructure is not None:
-                return self.on_restructure(self, index, value)
-            raise ValueError(
-                f"this parameter is held by a compiled optimizer as {self.shapes[index]} "
-                f"{self.value_dtype}; assigning a {tuple(value.shape)} {value.dtype} array is a "
-                "change of structure: set it before compiling, or call add_param_group with a "
-                "new one"
-            )
+            handler = None if self.on_restructure is None else self.on_restructure()
+            if handler is not None:
+                return handler(self, index, value)
+            # no optimizer holds the store any more: the parameter takes the new value as
+            # its own array (its gradient, of the old shape, is dropped, as a compiled
+            # optimizer's relayout drops it)
+            self.param(index).relocate(OwnArrays(value, None))
+            return None
         if self.flat:
             self.values = _write(self.values, value, self.offsets[index])
             self._value_cache.clear()
@@ -311,6 +335,9 @@ class Borrowed:
         self.wide = compute_dtype(self.value_dtype) == np.float64
         shape = tuple(param.shape)
         self.layout = Layout(False, 1, (int(np.prod(shape)),), (shape,))
+
+    def param(self, index: int) -> Any:
+        return self.params[index]
 
     @property
     def values(self) -> Array:

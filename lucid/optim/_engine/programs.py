@@ -121,7 +121,7 @@ def fused_program(
     (`lucid._backward.partition`), where each storage of the call comes from (a
     bucket, or a constant), the buckets' layouts, and each parameter's
     ``(bucket, index)`` in the optimizer's order (for ``grad_transform``)."""
-    from ..._backward import rebuild_from_views
+    from ..._backward import one_element, rebuild_from_views
 
     static, sources, layouts, order = structure
     const_layouts = [static[3][i] for i, source in enumerate(sources) if source[0] == "const"]
@@ -136,10 +136,11 @@ def fused_program(
                 for source in sources
             ]
             tree, args, kwargs = rebuild_from_views(static, views, arrays)
-            return loss_fn(tree, *args, **kwargs)
+            loss = loss_fn(tree, *args, **kwargs)
+            return one_element(loss), loss  # a one-element loss, returned in its shape
 
         bucket_views = [layout.split(buffer) for buffer, layout in zip(values, layouts)]
-        loss, view_grads = jax.value_and_grad(loss_of)(bucket_views)
+        (_, loss), view_grads = jax.value_and_grad(loss_of, has_aux=True)(bucket_views)
         if grad_transform is not None:  # on per-parameter gradients, the optimizer's order
             grads_list = [view_grads[b][i] for b, i in order]
             params_list = [bucket_views[b][i] for b, i in order]
