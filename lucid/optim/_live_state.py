@@ -18,6 +18,8 @@ by `state_dict()` and loaded back, as torch keeps them.
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -83,12 +85,22 @@ class StateMapping(MutableMapping):
         read: Callable[[Parameter], dict[str, Any]],
         read_all: Callable[[], dict[Parameter, dict[str, Any]]],
     ) -> None:
-        self.read = read
-        self.read_all = read_all
+        # held weakly: the optimizer owns this mapping, and a strong reference back
+        # would be a cycle that keeps both alive until the cyclic gc runs
+        self._read = _weakly(read)
+        self._read_all = _weakly(read_all)
         self.pending: dict[Parameter, dict[str, Any]] = {}  # writes not yet stepped
         self.extra: dict[Parameter, dict[str, Any]] = {}  # entries under other names
         self.other: dict[Any, Any] = {}  # keys that are not parameters
         self.dropped: set[Parameter] = set()  # `del state[p]`, not yet stepped
+
+    def read(self, p: Parameter) -> dict[str, Any]:
+        """The parameter's state as the engine keeps it now (torch's names)."""
+        return self._read()(p)
+
+    def read_all(self) -> dict[Parameter, dict[str, Any]]:
+        """Every parameter's state as the engine keeps it now (torch's names)."""
+        return self._read_all()()
 
     # ---------------------------------------------------------- per parameter
     def entries_of(self, p: Parameter) -> dict[str, Any]:
@@ -213,3 +225,10 @@ class StateMapping(MutableMapping):
 
     def __repr__(self) -> str:
         return repr(self.snapshot())
+
+
+def _weakly(function: Callable) -> Callable[[], Callable]:
+    """``() -> function``, holding a bound method's object weakly."""
+    if inspect.ismethod(function):
+        return weakref.WeakMethod(function)  # type: ignore[return-value]
+    return lambda: function
