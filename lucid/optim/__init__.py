@@ -9,6 +9,7 @@ state with orbax.
 """
 
 from . import bnb, lr_scheduler, schedulefree, swa_utils, torchao
+from ._by_name import StateLayout, from_torch, to_torch_by_name
 from ._torch_format import to_torch
 from .adadelta import Adadelta
 from .adafactor import Adafactor
@@ -81,13 +82,16 @@ __all__ = [
     "Rprop",
     "SequentialLR",
     "SparseAdam",
+    "StateLayout",
     "StepLR",
     "bnb",
     "compile_optimizer",
+    "from_torch",
     "fused_step",
     "lr_scheduler",
     "schedulefree",
     "swa_utils",
     "to_torch",
+    "to_torch_by_name",
     "torchao",
 ]
