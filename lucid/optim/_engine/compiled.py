@@ -39,7 +39,7 @@ from .programs import Plan, checked_gradients, fused_program, step_program
 from .sharding import Axes
 from .state import begin, packed_hyper
 
-Params = tuple[tuple[Parameter, ...], ...]
+Params = tuple[list[Parameter], ...]
 
 
 class CompiledBackend:
@@ -225,10 +225,8 @@ class CompiledBackend:
         """Lay out again when the groups' parameters are not those of the layout, or
         (``gradients``) a bucket's parameters stopped having gradients together."""
         params = self._params
-        if len(groups) != len(params) or any(
-            len(g.params) != len(held) or list(g.params) != list(held)
-            for g, held in zip(groups, params)
-        ):
+        # lists compared element by element, by identity, in C: no copies per step
+        if len(groups) != len(params) or any(g.params != held for g, held in zip(groups, params)):
             self._lay_out(_params_of(g.params for g in groups), self.states())
         elif gradients and any(b.partly for b in self._buckets):
             self._lay_out(params, self.states())
@@ -335,7 +333,7 @@ class CompiledBackend:
 
 
 def _params_of(groups: Any) -> Params:
-    return tuple(tuple(params) for params in groups)
+    return tuple(list(params) for params in groups)
 
 
 def _scalars_placed(state: Any, where: Any) -> Any:
@@ -359,7 +357,10 @@ def _vector_sharding(buckets: list[Bucket]) -> Any:
     for bucket in buckets:
         if bucket.domain is None:
             continue
-        sharding = bucket.store.param(0).data.sharding
+        store = bucket.store
+        # a flat store's buffer says where it lives without cutting a parameter's slice
+        holder = store.values if isinstance(store, FlatStore) else store.param(0).data
+        sharding = holder.sharding
         if isinstance(sharding, NamedSharding):
             return NamedSharding(sharding.mesh, PartitionSpec())
         if len(sharding.device_set) == 1:
