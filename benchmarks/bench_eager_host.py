@@ -17,9 +17,11 @@ groups, for Adam, AdamW and SGD with momentum 0.9:
   and ``foreach=False``.
 
 Each figure is the median of ``--repeats`` (60) synchronised steps after
-``--warmup`` (10) untimed ones, in milliseconds; the ratio columns are
-lucid / torch foreach (below 1: lucid is faster). Gradients are fixed arrays
-set once, so a step is the optimizer's work alone.
+``--warmup`` (10) untimed ones, in milliseconds; the four implementations' timed
+steps are interleaved (one step of each in turn), so that a change in the
+machine's load meets them alike. The ratio columns are lucid / torch foreach
+(below 1: lucid is faster). Gradients are fixed arrays set once, so a step is
+the optimizer's work alone.
 """
 
 from __future__ import annotations
@@ -27,18 +29,15 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import os
 import platform
-import sys
+import statistics
+import time
+from collections.abc import Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from _timing import measure  # noqa: E402
-
-import lucid  # noqa: E402
+import lucid
 
 OPTIMIZERS = {
     "Adam": {"lr": 1e-3},
@@ -62,7 +61,8 @@ def _split(items: list, groups: int) -> list[list]:
     return [items[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def bench_lucid(name: str, n: int, groups: int, compiled: bool, args) -> float:
+def lucid_step(name: str, n: int, groups: int, compiled: bool) -> Callable[[], None]:
+    """One synchronised lucid step (its results waited for)."""
     values, grads = _values(n)
     params = [lucid.Parameter(v) for v in values]
     split = _split(params, groups)
@@ -73,18 +73,19 @@ def bench_lucid(name: str, n: int, groups: int, compiled: bool, args) -> float:
         p.grad = jax.numpy.asarray(g)
     lasts = [g[-1] for g in split]
 
-    def step():
+    def step() -> None:
         opt.step()
         if compiled:
             storage, _ = lasts[-1].location
-            return storage.values  # the flat buffer: no slice
-        return [p.data for p in lasts]
+            jax.block_until_ready(storage.values)  # the flat buffer: no slice
+        else:
+            jax.block_until_ready([p.data for p in lasts])
 
-    timing = measure(step, jax.block_until_ready, warmup=args.warmup, repeats=args.repeats)
-    return timing.median_ms
+    return step
 
 
-def bench_torch(name: str, n: int, groups: int, foreach: bool, args) -> float:
+def torch_step(name: str, n: int, groups: int, foreach: bool) -> Callable[[], None]:
+    """One torch step (synchronous on the CPU)."""
     import torch
 
     values, grads = _values(n)
@@ -95,19 +96,28 @@ def bench_torch(name: str, n: int, groups: int, foreach: bool, args) -> float:
         params.append(p)
     groups_ = [{"params": g} for g in _split(params, groups)]
     opt = getattr(torch.optim, name)(groups_, **OPTIMIZERS[name], foreach=foreach)
-    timing = measure(opt.step, lambda _: None, warmup=args.warmup, repeats=args.repeats)
-    return timing.median_ms
+    return opt.step
 
 
-def run(mode: str, name: str, n: int, groups: int, args) -> float:
-    if mode == "lucid eager":
-        result = bench_lucid(name, n, groups, False, args)
-    elif mode == "lucid compiled":
-        result = bench_lucid(name, n, groups, True, args)
-    else:
-        result = bench_torch(name, n, groups, mode == "torch foreach", args)
-    gc.collect()
-    return result
+def make_step(mode: str, name: str, n: int, groups: int) -> Callable[[], None]:
+    if mode.startswith("lucid"):
+        return lucid_step(name, n, groups, mode == "lucid compiled")
+    return torch_step(name, n, groups, mode == "torch foreach")
+
+
+def measure_interleaved(steps: dict[str, Callable[[], None]], args) -> dict[str, float]:
+    """Median ms per step of each implementation, their timed steps interleaved (one
+    step of each in turn), so that a change in the machine's load meets them alike."""
+    for step in steps.values():
+        for _ in range(args.warmup):
+            step()
+    times: dict[str, list[float]] = {mode: [] for mode in steps}
+    for _ in range(args.repeats):
+        for mode, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[mode].append(1e3 * (time.perf_counter() - start))
+    return {mode: statistics.median(t) for mode, t in times.items()}
 
 
 def main() -> None:
@@ -137,7 +147,10 @@ def main() -> None:
     for name in args.optimizers:
         for n in args.sizes:
             for groups in args.groups:
-                times = {mode: run(mode, name, n, groups, args) for mode in args.modes}
+                steps = {mode: make_step(mode, name, n, groups) for mode in args.modes}
+                times = measure_interleaved(steps, args)
+                del steps
+                gc.collect()
                 row = [name, str(n), str(groups)] + [f"{times[m]:.3f}" for m in args.modes]
                 if "torch foreach" in args.modes:
                     row += [f"{times[m] / times['torch foreach']:.2f}" for m in ratios]

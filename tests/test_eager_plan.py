@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import lucid
+from lucid.optim._engine import eager
 from lucid.optim._engine.eager import EagerBackend
 
 SHAPES = [(3, 2), (4,), (2, 2, 2), (5,)]
@@ -152,3 +153,23 @@ def test_planned_steps_follow_torch_through_changes_of_structure():
     opt.param_groups[0]["weight_decay"] = 0.2  # a new value only
     topt.param_groups[0]["weight_decay"] = 0.2
     step(6)
+
+
+@pytest.mark.parametrize("name,options", CASES[:3], ids=[c[0] for c in CASES[:3]])
+def test_a_group_in_calls_of_one_parameter_equals_one_call_bit_for_bit(name, options, monkeypatch):
+    """A step runs a group's parameters ``CALL_SIZE`` at a time (small programs run on
+    the calling thread); the numbers are those of one call for the whole group."""
+    runs = []
+    for size in (1, 64):
+        monkeypatch.setattr(eager, "CALL_SIZE", size)
+        params, opt = _lucid(name, options, np.float32)
+        for k in range(3):
+            _set_grads(params, k, np.float32)
+            opt.step()
+        runs.append(_snapshot(params, opt))
+    (values_1, states_1), (values_64, states_64) = runs
+    for a, b in zip(values_1, values_64):
+        np.testing.assert_array_equal(a, b, strict=True)
+    for i in states_64:
+        for key in states_64[i]:
+            np.testing.assert_array_equal(states_1[i][key], states_64[i][key], strict=True)

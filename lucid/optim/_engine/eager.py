@@ -1,4 +1,4 @@
-"""The eager backend: one jitted call of the rule per parameter group and device.
+"""The eager backend: jitted calls of the rule per parameter group and device.
 
 Each parameter keeps its own arrays and its state (the rule's NamedTuple,
 begun by `lucid.optim._engine.state.begin`, the same function the compiled
@@ -15,8 +15,9 @@ places, the same flags, no state loaded since; the executables compiled for
 the last step (``jax.jit(...).lower(...).compile()``) then check the shapes,
 dtypes and placements of every array as they are called, before anything
 runs. Any difference falls back to the full, checking path, which gives
-torch's errors and plans again. The program run is the same either way, so
-the numbers are.
+torch's errors and plans again. A group's parameters on one device run
+`CALL_SIZE` at a time, each parameter's update the same program as in one
+call for the whole group, so the numbers are the same bit for bit.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ from ..._storage import check_grad
 from ...functional._rule import Rule, apply_leaf, check_sparse_grad, compute_dtype, is_sparse
 from .interface import Group
 from .state import begin, packed_hyper
+
+# parameters per call: XLA:CPU runs a small program on the calling thread and hands a
+# larger one to its thread pool, whose wake-up costs more than a small update (on a
+# busy machine, much more); the calls of a step run one after the other
+CALL_SIZE = 16
 
 
 @functools.cache
@@ -88,7 +94,7 @@ class _Plan:
 
 
 class EagerBackend:
-    """One jitted call of the rule per parameter group and device; state per parameter."""
+    """Jitted calls of the rule per parameter group and device; state per parameter."""
 
     def __init__(self, rule: Rule, states: Mapping[Parameter, Any] | None = None) -> None:
         self.rule = rule
@@ -127,7 +133,8 @@ class EagerBackend:
         store = self._states
         for (_, _, params, _, _), (new_values, new_states) in zip(work, results):
             for p, value in zip(params, new_values):
-                p.data = value
+                storage, index = p.location  # a jax array already: no conversion
+                storage.set_value(index, value)
             store.update(zip(params, new_states))
 
     def _replan(self, groups: Sequence[Group]) -> list[tuple] | None:
@@ -196,20 +203,24 @@ class EagerBackend:
             domains: dict[Any, list[int]] = {}
             for i, p in enumerate(params):
                 domains.setdefault(device_domain(p.data), []).append(i)
-            for members in domains.values():
-                wide = any(compute_dtype(params[i].dtype) == np.float64 for i in members)
+            for domain_members in domains.values():
+                wide = any(compute_dtype(params[i].dtype) == np.float64 for i in domain_members)
                 dtype = np.float64 if wide else np.float32
-                batch = _Batch([positions[i] for i in members], [params[i] for i in members], dtype)
-                batches_.append(batch)
-                work.append(
-                    (
-                        program,
-                        np.asarray(values, dtype),
-                        batch.params,
-                        [grads[positions[i]] for i in members],
-                        [states[i] for i in members],
+                for at in range(0, len(domain_members), CALL_SIZE):
+                    members = domain_members[at : at + CALL_SIZE]
+                    batch = _Batch(
+                        [positions[i] for i in members], [params[i] for i in members], dtype
                     )
-                )
+                    batches_.append(batch)
+                    work.append(
+                        (
+                            program,
+                            np.asarray(values, dtype),
+                            batch.params,
+                            [grads[positions[i]] for i in members],
+                            [states[i] for i in members],
+                        )
+                    )
         return work, plans
 
     def _compile(self, plans: list[_Plan | None], work: list[tuple]) -> list[_Plan] | None:
