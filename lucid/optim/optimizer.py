@@ -164,7 +164,7 @@ class Optimizer:
     @property
     def backend(self) -> Backend | None:
         """What runs the steps and keeps the per-parameter state: the eager backend
-        (one jitted call per group and device), the compiled one after
+        (jitted calls per group and device), the compiled one after
         [compile_optimizer][lucid.compile_optimizer], or `None` for an optimizer
         that writes its own step (its state is `state`)."""
         return self._backend
