@@ -157,19 +157,27 @@ def test_planned_steps_follow_torch_through_changes_of_structure():
 
 @pytest.mark.parametrize("name,options", CASES[:3], ids=[c[0] for c in CASES[:3]])
 def test_a_group_in_calls_of_one_parameter_equals_one_call_bit_for_bit(name, options, monkeypatch):
-    """A step runs a group's parameters ``CALL_SIZE`` at a time (small programs run on
-    the calling thread); the numbers are those of one call for the whole group."""
+    """On the CPU a step runs a group's small parameters in several calls (small
+    programs run on the calling thread); the numbers are those of one call."""
     runs = []
-    for size in (1, 64):
-        monkeypatch.setattr(eager, "CALL_SIZE", size)
+    for split in (lambda members, *_: [[i] for i in members], lambda members, *_: [members]):
+        monkeypatch.setattr(eager, "_calls", split)
         params, opt = _lucid(name, options, np.float32)
         for k in range(3):
             _set_grads(params, k, np.float32)
             opt.step()
         runs.append(_snapshot(params, opt))
-    (values_1, states_1), (values_64, states_64) = runs
-    for a, b in zip(values_1, values_64):
+    (values_1, states_1), (values_all, states_all) = runs
+    for a, b in zip(values_1, values_all):
         np.testing.assert_array_equal(a, b, strict=True)
-    for i in states_64:
-        for key in states_64[i]:
-            np.testing.assert_array_equal(states_1[i][key], states_64[i][key], strict=True)
+    for i in states_all:
+        for key in states_all[i]:
+            np.testing.assert_array_equal(states_1[i][key], states_all[i][key], strict=True)
+
+
+def test_small_parameters_go_in_calls_under_the_cheap_size_and_large_ones_in_one():
+    flops = eager.CHEAP_FLOPS
+    sizes = [10, 10, 10, 100, 10, 100]
+    per_element = flops / 25  # a size-10 parameter: 0.4 of a cheap call; 100: 4
+    assert eager._calls(list(range(6)), sizes, per_element) == [[0, 1], [2, 4], [3, 5]]
+    assert eager._calls([0, 1], sizes, 0.0) == [[0, 1]]  # no estimate: one call

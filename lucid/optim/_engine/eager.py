@@ -15,9 +15,10 @@ places, the same flags, no state loaded since; the executables compiled for
 the last step (``jax.jit(...).lower(...).compile()``) then check the shapes,
 dtypes and placements of every array as they are called, before anything
 runs. Any difference falls back to the full, checking path, which gives
-torch's errors and plans again. A group's parameters on one device run
-`CALL_SIZE` at a time, each parameter's update the same program as in one
-call for the whole group, so the numbers are the same bit for bit.
+torch's errors and plans again. On the CPU a group's small parameters run
+in calls small enough for XLA to run them on the calling thread
+(`CHEAP_FLOPS`), each parameter's update the same program as in one call for
+the whole group, so the numbers are the same bit for bit.
 """
 
 from __future__ import annotations
@@ -36,10 +37,50 @@ from ...functional._rule import Rule, apply_leaf, check_sparse_grad, compute_dty
 from .interface import Group
 from .state import begin, packed_hyper
 
-# parameters per call: XLA:CPU runs a small program on the calling thread and hands a
-# larger one to its thread pool, whose wake-up costs more than a small update (on a
-# busy machine, much more); the calls of a step run one after the other
-CALL_SIZE = 16
+# XLA:CPU runs a program of fewer floating-point operations than this on the calling
+# thread and hands a larger one to its thread pool, whose wake-up costs more than the
+# update of a small parameter (on a busy machine, much more): on the CPU, a group's
+# small parameters run in calls under this size, its large ones in one call
+CHEAP_FLOPS = 1000.0
+
+
+def _on_cpu(array: Any) -> bool:
+    """Whether ``array`` lives on the host's CPU devices."""
+    try:
+        return all(d.platform == "cpu" for d in array.sharding.device_set)
+    except AttributeError:  # not a jax array
+        return False
+
+
+def _flops_per_element(program: Callable, vector: Any, value: Any, grad: Any, state: Any) -> float:
+    """The update's floating-point operations per element, as XLA counts them for one
+    parameter (0 where XLA gives no count: then no call is split)."""
+    try:
+        cost = program.lower(vector, [value], [grad], [state]).cost_analysis()
+        if isinstance(cost, list | tuple):
+            cost = cost[0]
+        return float(cost.get("flops", 0.0)) / max(int(np.prod(value.shape)), 1)
+    except Exception:  # an estimate only; without one, one call
+        return 0.0
+
+
+def _calls(members: list[int], sizes: list[int], per_element: float) -> list[list[int]]:
+    """``members`` in calls: the small ones in calls of fewer than `CHEAP_FLOPS`
+    operations, the large ones in one call."""
+    if per_element <= 0.0:
+        return [members]
+    calls, large, current, total = [], [], [], 0.0
+    for i in members:
+        flops = per_element * sizes[i]
+        if flops >= CHEAP_FLOPS:
+            large.append(i)
+            continue
+        if current and total + flops >= CHEAP_FLOPS:
+            calls.append(current)
+            current, total = [], 0.0
+        current.append(i)
+        total += flops
+    return [c for c in (*calls, current, large) if c]
 
 
 @functools.cache
@@ -206,8 +247,16 @@ class EagerBackend:
             for domain_members in domains.values():
                 wide = any(compute_dtype(params[i].dtype) == np.float64 for i in domain_members)
                 dtype = np.float64 if wide else np.float32
-                for at in range(0, len(domain_members), CALL_SIZE):
-                    members = domain_members[at : at + CALL_SIZE]
+                vector = np.asarray(values, dtype)
+                calls = [domain_members]
+                first = domain_members[0]
+                if _on_cpu(params[first].data):
+                    per_element = _flops_per_element(
+                        program, vector, params[first].data, grads[positions[first]], states[first]
+                    )
+                    sizes = [p.size for p in params]
+                    calls = _calls(domain_members, sizes, per_element)
+                for members in calls:
                     batch = _Batch(
                         [positions[i] for i in members], [params[i] for i in members], dtype
                     )
