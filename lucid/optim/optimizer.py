@@ -166,7 +166,7 @@ class Optimizer:
     @property
     def backend(self) -> Backend | None:
         """What runs the steps and keeps the per-parameter state: the eager backend
-        (one jitted call per group and device), the compiled one after
+        (jitted calls per group and device), the compiled one after
         [compile_optimizer][lucid.compile_optimizer], or `None` for an optimizer
         that writes its own step (its state is `state`)."""
         return self._backend
@@ -188,21 +188,45 @@ class Optimizer:
             raise TypeError(f"{type(self).__name__} writes its own step: it has no backend")
         self._backend = make(self._backend.states())
 
-    def engine_groups(self) -> list[Group]:
+    def engine_groups(self, hypers: list[Hyper] | None = None) -> list[Group]:
         """The groups as the engine reads them for one step: each group's parameters,
         options, hyper-parameters (read once) and the options a new state starts from.
+
+        Args:
+          hypers: the groups' hyper-parameters, in order, where the caller has read
+            them already (`step` reads them with its checks); `None` reads them here.
 
         Returns:
           One `lucid.optim._engine.Group` per parameter group, in order.
         """
         rule = self.rule
         assert rule is not None
+        groups = self.param_groups
+        if hypers is None:
+            hypers = [Hyper(*hyper_values(rule, group)) for group in groups]
         return [
-            Group(
-                group["params"], group, Hyper(*hyper_values(rule, group)), self.state_options(group)
-            )
-            for group in self.param_groups
+            Group(group["params"], group, hyper, self.state_options(group))
+            for group, hyper in zip(groups, hypers)
         ]
+
+    def _checked_hyper(self, group: dict[str, Any]) -> Hyper:
+        """``group``'s options checked as torch checks them at a step, and its
+        hyper-parameters read; both are functions of the group's values alone, so
+        they are remembered by those values while they are plain Python numbers,
+        strings, ``None`` or tuples of them (any other value: every step)."""
+        rule = self.rule
+        assert rule is not None
+        key = _options_key(group)
+        cache = self.__dict__.setdefault("_checked_options", {})
+        hyper = None if key is None else cache.get(key)
+        if hyper is None:
+            rule.check_step(group)
+            hyper = Hyper(*hyper_values(rule, group))
+            if key is not None:
+                if len(cache) >= 64:
+                    cache.clear()
+                cache[key] = hyper
+        return hyper
 
     @staticmethod
     def profile_hook_step(func: Callable) -> Callable:
@@ -501,10 +525,10 @@ class Optimizer:
         if self.rule is None or self._backend is None:
             raise NotImplementedError(f"{type(self).__name__} must implement step()")
         loss = closure() if closure is not None else None
-        for group in self.param_groups:  # values edited by hand: checked before anything moves
-            self.rule.check_step(group)
+        # values edited by hand: checked before anything moves
+        hypers = [self._checked_hyper(group) for group in self.param_groups]
         self._apply_state_writes()
-        self._backend.step(self.engine_groups())
+        self._backend.step(self.engine_groups(hypers))
         return loss
 
     # ----------------------------------------------------------------- hooks
@@ -878,3 +902,26 @@ def _hooked(step: Callable) -> Callable:
 
     wrapper.hooked = True  # type: ignore[attr-defined]
     return wrapper
+
+
+_PLAIN = frozenset({bool, int, float, str, type(None)})
+
+
+def _options_key(group: Mapping[str, Any]) -> tuple | None:
+    """A group's options other than ``params`` as a key (their types in it: ``True``
+    is not ``1`` to the checks), or ``None`` when a value is not plain."""
+    key = []
+    for name, value in group.items():
+        if name == "params":
+            continue
+        kind = type(value)
+        if kind is tuple:
+            kinds = tuple(type(v) for v in value)
+            if not all(k in _PLAIN for k in kinds):
+                return None
+            key.append((name, value, kinds))
+        elif kind in _PLAIN:
+            key.append((name, value, kind))
+        else:
+            return None
+    return tuple(key)

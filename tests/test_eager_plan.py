@@ -1,0 +1,183 @@
+"""The eager step plans once per structure and then calls its compiled executables
+directly (issue: eager lucid at torch's speed). The planned step must give the
+checking step's numbers bit for bit, take the checking path again at every change
+of structure, and keep torch's errors and numbers."""
+
+from __future__ import annotations
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import lucid
+from lucid.optim._engine import eager
+from lucid.optim._engine.eager import EagerBackend
+
+SHAPES = [(3, 2), (4,), (2, 2, 2), (5,)]
+RNG = np.random.default_rng(0)
+START = [RNG.normal(size=s) for s in SHAPES]
+GRADS = [[RNG.normal(size=s) for s in SHAPES] for _ in range(5)]
+CASES = [
+    ("Adam", {"lr": 0.01, "amsgrad": True, "weight_decay": 0.1}),
+    ("AdamW", {"lr": 0.01}),
+    ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
+    ("RMSprop", {"lr": 0.01, "momentum": 0.9, "centered": True}),
+    ("Adagrad", {"lr": 0.1, "lr_decay": 0.01}),
+]
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Counts the checking path's runs (EagerBackend._plan)."""
+    calls = []
+    original = EagerBackend._plan
+
+    def counted(self, groups):
+        calls.append(self)
+        return original(self, groups)
+
+    monkeypatch.setattr(EagerBackend, "_plan", counted)
+    return calls
+
+
+def _lucid(name, options, dtype):
+    params = [lucid.Parameter(jnp.asarray(v, dtype)) for v in START]
+    groups = [{"params": params[:2]}, {"params": params[2:], "lr": options["lr"] / 2}]
+    return params, getattr(lucid.optim, name)(groups, **options)
+
+
+def _set_grads(params, k, dtype, missing=None):
+    for i, (p, g) in enumerate(zip(params, GRADS[k % len(GRADS)])):
+        p.grad = None if i == missing else jnp.asarray(g, dtype)
+
+
+def _snapshot(params, opt):
+    values = [np.asarray(p.data) for p in params]
+    states = {i: {k: np.asarray(v) for k, v in s.items()} for i, s in enumerate(opt.state.values())}
+    return values, states
+
+
+@pytest.mark.parametrize("name,options", CASES, ids=[c[0] for c in CASES])
+def test_planned_steps_equal_checked_steps_bit_for_bit(name, options, plans):
+    planned_params, planned = _lucid(name, options, np.float32)
+    checked_params, checked = _lucid(name, options, np.float32)
+    for k in range(5):
+        missing = 1 if k == 3 else None  # a step with one gradient missing
+        for params, opt in ((planned_params, planned), (checked_params, checked)):
+            _set_grads(params, k, np.float32, missing)
+            if k == 2:
+                opt.param_groups[0]["lr"] *= 0.5  # a new value, the same structure
+            if opt is checked:  # loading states forgets the plans: the checking path
+                opt.backend.load(opt.backend.states())
+            opt.step()
+    ours, theirs = _snapshot(planned_params, planned), _snapshot(checked_params, checked)
+    for a, b in zip(ours[0], theirs[0]):
+        np.testing.assert_array_equal(a, b, strict=True)
+    assert ours[1].keys() == theirs[1].keys()
+    for i in ours[1]:
+        assert ours[1][i].keys() == theirs[1][i].keys()
+        for key in ours[1][i]:
+            np.testing.assert_array_equal(ours[1][i][key], theirs[1][i][key], strict=True)
+    # planned: its first step, then the step whose gradient went missing and the one after
+    assert sum(b is planned.backend for b in plans) == 3
+    assert sum(b is checked.backend for b in plans) == 5
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (jnp.zeros((4, 1)), "a gradient of shape \\(4, 1\\) was given for a parameter of shape"),
+        (jnp.zeros((4,), jnp.int32), "a gradient of dtype int32 was given"),
+    ],
+    ids=["shape", "dtype"],
+)
+def test_a_wrong_gradient_after_planned_steps_raises_and_changes_nothing(bad, message, plans):
+    params, opt = _lucid("Adam", {"lr": 0.01}, np.float64)
+    for k in range(2):
+        _set_grads(params, k, np.float64)
+        opt.step()
+    before = _snapshot(params, opt)
+    params[1].grad = bad
+    with pytest.raises(ValueError, match=message):
+        opt.step()
+    after = _snapshot(params, opt)
+    for a, b in zip(before[0], after[0]):
+        np.testing.assert_array_equal(a, b, strict=True)
+    for i in before[1]:
+        for key in before[1][i]:
+            np.testing.assert_array_equal(before[1][i][key], after[1][i][key], strict=True)
+    _set_grads(params, 2, np.float64)
+    opt.step()  # the right gradient again: the step goes on
+    assert len(plans) == 3  # the first step, the refused one, the one after
+
+
+def test_planned_steps_follow_torch_through_changes_of_structure():
+    tparams = [torch.tensor(v, requires_grad=True) for v in START]
+    topt = torch.optim.AdamW(
+        [{"params": tparams[:2]}, {"params": tparams[2:3], "lr": 0.005}], lr=0.01
+    )
+    params, _ = _lucid("AdamW", {"lr": 0.01}, np.float64)
+    opt = lucid.optim.AdamW([{"params": params[:2]}, {"params": params[2:3], "lr": 0.005}], lr=0.01)
+
+    def step(k, missing=None):
+        for i, (p, tp, g) in enumerate(zip(params, tparams, GRADS[k % len(GRADS)])):
+            p.grad = None if i == missing else jnp.asarray(g)
+            tp.grad = None if i == missing else torch.tensor(g)
+        opt.step()
+        topt.step()
+        for p, tp in zip(params, tparams):
+            chex.assert_trees_all_close(
+                np.asarray(p.data), tp.detach().numpy(), rtol=1e-10, atol=1e-12
+            )
+
+    step(0)
+    step(1)
+    step(2, missing=0)  # a gradient missing
+    step(3)
+    opt.param_groups[1]["params"].append(params[3])  # a parameter appended
+    topt.param_groups[1]["params"].append(tparams[3])
+    step(4)
+    opt.param_groups[0]["amsgrad"] = True  # a flag turned on: torch's KeyError
+    topt.param_groups[0]["amsgrad"] = True
+    for p, tp, g in zip(params, tparams, GRADS[0]):
+        p.grad, tp.grad = jnp.asarray(g), torch.tensor(g)
+    with pytest.raises(KeyError):
+        topt.step()
+    with pytest.raises(KeyError, match="max_exp_avg_sq"):
+        opt.step()
+    opt.param_groups[0]["amsgrad"] = False
+    topt.param_groups[0]["amsgrad"] = False
+    step(5)
+    opt.param_groups[0]["weight_decay"] = 0.2  # a new value only
+    topt.param_groups[0]["weight_decay"] = 0.2
+    step(6)
+
+
+@pytest.mark.parametrize("name,options", CASES[:3], ids=[c[0] for c in CASES[:3]])
+def test_a_group_in_calls_of_one_parameter_equals_one_call_bit_for_bit(name, options, monkeypatch):
+    """On the CPU a step runs a group's small parameters in several calls (small
+    programs run on the calling thread); the numbers are those of one call."""
+    runs = []
+    for split in (lambda members, *_: [[i] for i in members], lambda members, *_: [members]):
+        monkeypatch.setattr(eager, "_calls", split)
+        params, opt = _lucid(name, options, np.float32)
+        for k in range(3):
+            _set_grads(params, k, np.float32)
+            opt.step()
+        runs.append(_snapshot(params, opt))
+    (values_1, states_1), (values_all, states_all) = runs
+    for a, b in zip(values_1, values_all):
+        np.testing.assert_array_equal(a, b, strict=True)
+    for i in states_all:
+        for key in states_all[i]:
+            np.testing.assert_array_equal(states_1[i][key], states_all[i][key], strict=True)
+
+
+def test_small_parameters_go_in_calls_under_the_cheap_size_and_large_ones_in_one():
+    flops = eager.CHEAP_FLOPS
+    sizes = [10, 10, 10, 100, 10, 100]
+    per_element = flops / 25  # a size-10 parameter: 0.4 of a cheap call; 100: 4
+    assert eager._calls(list(range(6)), sizes, per_element) == [[0, 1], [2, 4], [3, 5]]
+    assert eager._calls([0, 1], sizes, 0.0) == [[0, 1]]  # no estimate: one call
