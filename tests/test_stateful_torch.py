@@ -115,8 +115,8 @@ AVERAGERS: dict[str, tuple[Any, Any]] = {
 }
 
 # orbax checkpoints cost ~0.1-0.5 s each (threads, files): they are enabled in one
-# sequence of ORBAX_ONE_IN, for at most ORBAX_SAVES saves and as many restores
-# (benchmarks/stateful_profile.py may raise both).
+# sequence of ORBAX["one_in"] (drawn at init), for at most ORBAX["saves"] saves and as
+# many restores (benchmarks/stateful_profile.py --orbax-one-in changes the first).
 ORBAX = {"one_in": 4, "saves": 2}
 
 SECOND_OPTIMIZERS = [
