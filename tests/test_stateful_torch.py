@@ -15,9 +15,10 @@ parameters), an ``AveragedModel`` updated alongside, and orbax checkpoints
 (``lucid.optim.checkpoint``) saved and restored at random points. After every
 operation each parameter, gradient, state entry (by ``state_dict()`` and by
 ``opt.state``), group hyper-parameter and group membership must equal torch's
-to 1e-10 relative (NaN and inf in the same places). Where torch raises, lucid must raise the same
-exception type in the same operation, and the sequence ends there (torch may
-have updated earlier groups already): every later rule is a no-op.
+to 1e-10 relative (NaN and inf in the same places). Where torch raises, lucid
+must raise the same exception type in the same operation, and the sequence
+ends there (torch may have updated earlier groups already): every later rule
+is a no-op.
 
 Rules that take ``slot='second'`` act on the main optimizer until a second one
 exists; the operation log in each failure message names the optimizer used.
@@ -971,13 +972,18 @@ class TorchParityMachine(RuleBasedStateMachine):
     # ---------------------------------------------------------- hooks, averaging
 
     @precondition(lambda self: self.hooks_made < 4)
-    @rule(slot=st.sampled_from(["main", "second"]))
-    def register_hooks(self, slot):
-        """A step pre-hook and post-hook on both sides, logging what they see."""
+    @rule(slot=st.sampled_from(["main", "second"]), via_compiled=st.booleans())
+    def register_hooks(self, slot, via_compiled):
+        """A step pre-hook and post-hook on both sides (lucid's on the CompiledOptimizer
+        where there is one and ``via_compiled``), logging what they see."""
         slot = self._slot(slot)
         s = self.slots[slot]
         number = self.hooks_made
-        if not self._op(f"{slot}: register_step_pre_hook and _post_hook (hooks #{number})"):
+        lucid_side = s.compiled if via_compiled and s.compiled is not None else s.lopt
+        if not self._op(
+            f"{slot}: {type(lucid_side).__name__}.register_step_pre_hook and _post_hook "
+            f"(hooks #{number})"
+        ):
             return
         self.hooks_made += 1
 
@@ -985,12 +991,13 @@ class TorchParityMachine(RuleBasedStateMachine):
             def hook(opt, args, kwargs):
                 first = opt.param_groups[0]["params"][0]
                 value = first.detach().reshape(-1)[0].item() if side else first.data.ravel()[0]
-                self.hook_log[side].append((slot, number, kind, len(args), float(value)))
+                seen = (len(args), bool(args) and args[0] is opt, tuple(sorted(kwargs)))
+                self.hook_log[side].append((slot, number, kind, *seen, float(value)))
 
             return hook
 
         handles = []
-        for side, opt in enumerate((s.lopt, s.topt)):
+        for side, opt in enumerate((lucid_side, s.topt)):
             handles.append(
                 (
                     opt.register_step_pre_hook(logger(side, "pre")),
@@ -1131,7 +1138,7 @@ class TorchParityMachine(RuleBasedStateMachine):
                 self._compare_state_dicts(name, sds[0], sds[1])
         ours, theirs = self.hook_log
         if len(ours) != len(theirs) or any(
-            o[:4] != t[:4] or not _close(o[4], t[4])[0] for o, t in zip(ours, theirs)
+            o[:-1] != t[:-1] or not _close(o[-1], t[-1])[0] for o, t in zip(ours, theirs)
         ):
             self._fail(f"step hooks' calls {ours}, torch's {theirs}")
         if self.avg is not None:
