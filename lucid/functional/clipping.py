@@ -27,6 +27,9 @@ Array = jax.Array
 def vector_norm(x: Array, norm_type: float) -> Array:
     """`torch.linalg.vector_norm` of `x` flattened, for any order."""
     x = jnp.ravel(x)
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        # torch accumulates half-precision norms in float32 and rounds the result once
+        return vector_norm(x.astype(jnp.float32), norm_type).astype(x.dtype)
     if norm_type == float("inf"):
         return jnp.max(jnp.abs(x)) if x.size else jnp.zeros((), x.dtype)
     if norm_type == float("-inf"):
