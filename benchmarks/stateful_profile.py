@@ -32,7 +32,7 @@ jax.config.update("jax_enable_x64", True)  # as tests/conftest.py does
 
 from hypothesis import HealthCheck, Phase, seed, settings  # noqa: E402
 from hypothesis.stateful import get_state_machine_test  # noqa: E402
-from test_stateful_torch import STATS, TorchParityMachine  # noqa: E402
+from test_stateful_torch import ORBAX, STATS, TorchParityMachine  # noqa: E402
 
 from lucid.optim._engine import eager, programs  # noqa: E402
 
@@ -49,7 +49,14 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=200, help="examples per hypothesis run")
     parser.add_argument("--seed", type=int, default=None, help="base seed (default: random)")
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
+    parser.add_argument(
+        "--orbax-one-in",
+        type=int,
+        default=ORBAX["one_in"],
+        help="orbax checkpoints in one sequence of this many (1: in every sequence)",
+    )
     args = parser.parse_args()
+    ORBAX["one_in"] = args.orbax_one_in
     # lucid's order warning for schedulers stepped before the optimizer, as torch's:
     # legitimate in random sequences, and thousands of lines otherwise
     warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
@@ -108,6 +115,9 @@ def main() -> int:
     print(f"  operations run:     {STATS['operations']}")
     print(f"  divergences found:  {divergences} (0 expected)")
     print(f"  time:               {elapsed:.1f} s")
+    print(
+        "  operations by rule: " + ", ".join(f"{k} {v}" for k, v in sorted(STATS["rules"].items()))
+    )
     return 1 if divergences else 0
 
 

@@ -253,3 +253,24 @@ def test_the_clip_grad_norm_transform_follows_torchs_dtype_rule(dtypes):
             _as_float64(clipped[str(i)]), _as_float64(tp.grad), rtol=_rounding(params[i].dtype)
         )
     assert float(expected) > 1.0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0])
+def test_half_precision_norms_accumulate_in_float32_as_torchs(dtype, norm_type):
+    # found by the stateful profile: a bfloat16 norm summed in bfloat16 was an ulp off
+    # torch's (which accumulates in float32 and rounds once), so the clipped values too
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        grads = [rng.normal(size=(3,)) * 3.0, rng.normal(size=(7,)) * 3.0]
+        params = [lucid.Parameter(jnp.zeros(g.shape, dtype)) for g in grads]
+        tparams = [torch.zeros(g.shape, dtype=getattr(torch, dtype)) for g in grads]
+        for p, t, g in zip(params, tparams, grads):
+            p.grad = jnp.asarray(g, dtype)
+            t.grad = torch.tensor(g, dtype=getattr(torch, dtype))
+        total = lucid.nn.utils.clip_grad_norm_(params, 1.0, norm_type)
+        expected = torch.nn.utils.clip_grad_norm_(tparams, 1.0, norm_type)
+        assert total.dtype == jnp.dtype(dtype)
+        np.testing.assert_array_equal(np.float32(total), expected.float().numpy())
+        for p, t in zip(params, tparams):
+            np.testing.assert_array_equal(np.asarray(p.grad, np.float32), t.grad.float().numpy())

@@ -336,3 +336,22 @@ def test_state_for_a_parameter_in_no_group_is_torchs_key_error():
         topt.state_dict()
     with pytest.raises(KeyError, match="in no parameter group"):
         opt.state_dict()
+
+
+def test_a_compiled_step_passes_the_hooks_the_arguments_torchs_step_does():
+    def seen(log):
+        return lambda o, args, kwargs: log.append((len(args), args[0] is o, dict(kwargs)))
+
+    w, tw = lucid.Parameter(jnp.ones(2)), torch.ones(2, requires_grad=True)
+    compiled = lucid.compile_optimizer(lucid.optim.SGD([w], lr=0.1))
+    topt = torch.optim.SGD([tw], lr=0.1)
+    log: list[tuple] = []
+    tlog: list[tuple] = []
+    compiled.register_step_pre_hook(seen(log))
+    topt.register_step_pre_hook(seen(tlog))
+    w.grad, tw.grad = jnp.ones(2), torch.ones(2)
+    compiled.step()
+    topt.step()
+    compiled.step(lambda: 0.0)
+    topt.step(lambda: 0.0)
+    assert log == tlog == [(1, True, {}), (2, True, {})]

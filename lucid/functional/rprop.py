@@ -91,8 +91,9 @@ def _update(param, grad, state, h, *, maximize):
     g = -grad if maximize else grad
     # torch's sign: 0 for NaN, so a NaN gradient entry keeps its step size and parameter
     sign = _math.sign(g * state.prev)
-    factor = jnp.where(sign > 0, h["etaplus"], jnp.where(sign < 0, h["etaminus"], 1))
-    factor = factor.astype(g.dtype)  # a Python 1 would be an int64 constant with x64 on
+    one = jnp.ones((), g.dtype)  # a Python 1 would be an int64 constant with x64 on
+    factor = jnp.where(sign > 0, h["etaplus"], jnp.where(sign < 0, h["etaminus"], one))
+    factor = factor.astype(g.dtype)
     step_size = jnp.clip(state.step_size * factor, h["step_size_min"], h["step_size_max"])
     g = jnp.where(factor == h["etaminus"], jnp.zeros_like(g), g)
     new_param = param - _math.sign(g) * step_size

@@ -126,7 +126,8 @@ class CompiledOptimizer:
           KeyError: torch's error for an option that owns a state entry turned on
             after the state was made (nothing has moved).
         """
-        return self.optimizer.step(closure)
+        # the hooks see the arguments as given: torch's `opt.step()` passes no closure
+        return self.optimizer.step() if closure is None else self.optimizer.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient (torch: `opt.zero_grad()`).
