@@ -7,7 +7,10 @@ the ``Attributes`` tables. This extension gives each class member the annotation
 (or a lucid base) declares, and declares an annotated name the class only sets on its
 instances (``param_groups: list[dict]`` in a class body) as an attribute with that type,
 which the ``Attributes`` table then shows; such an attribute has no docstring of its own, so
-it is not rendered as a member (``show_if_no_docstring`` is off).
+it is not rendered as a member (``show_if_no_docstring`` is off). A type alias kept on a
+class becomes a ``TypeAlias`` attribute. (griffe's Google parser carries a row's type over
+to the next row whose name it cannot type, so an untyped row after a typed one showed the
+previous row's type: every row here is typed or none after it.)
 """
 
 from __future__ import annotations
@@ -51,9 +54,21 @@ class LiveAnnotations(griffe.Extension):
         live = getattr(node, "obj", None)
         if not isinstance(live, type):
             return
+        for name, member in list(cls.members.items()):
+            value = getattr(live, name, None)
+            if member.is_alias and get_origin(value) is not None:
+                # a type alias kept on the class (torch's `Optimizer.OptimizerPreHook`):
+                # inspection makes it an alias of `collections.abc.Callable`, and griffe's
+                # Attributes table then carries the row above's type over to it; it is a
+                # TypeAlias whose value is the live one
+                alias = griffe.Attribute(name, value=_text(value), parent=cls)
+                alias.annotation = "TypeAlias"
+                alias.docstring = griffe.Docstring(f"A type alias: `{_text(value)}`.", parent=alias)
+                cls.set_member(name, alias)
         for name, annotation in _annotations(live).items():
             member = cls.members.get(name)
             if member is None:
                 cls.set_member(name, griffe.Attribute(name, annotation=annotation, parent=cls))
-            elif isinstance(member, griffe.Attribute) and member.annotation is None:
-                member.annotation = annotation
+            elif isinstance(member, griffe.Attribute) and not member.is_alias:
+                if member.annotation is None:
+                    member.annotation = annotation
