@@ -69,6 +69,9 @@ class LiveAnnotations(griffe.Extension):
             member = cls.members.get(name)
             if member is None:
                 cls.set_member(name, griffe.Attribute(name, annotation=annotation, parent=cls))
-            elif isinstance(member, griffe.Attribute) and not member.is_alias:
-                if member.annotation is None:
-                    member.annotation = annotation
+            elif (
+                isinstance(member, griffe.Attribute)
+                and not member.is_alias
+                and member.annotation is None
+            ):
+                member.annotation = annotation
