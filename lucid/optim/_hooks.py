@@ -39,6 +39,9 @@ class RemovableHandle:
       >>> handle.remove()
     """
 
+    registry: OrderedDict[int, Callable]
+    id: int
+
     def __init__(self, registry: OrderedDict) -> None:
         self.registry = registry
         self.id = next(_ids)

@@ -77,6 +77,8 @@ class CompiledOptimizer:
       ['momentum_buffer']
     """
 
+    optimizer: Optimizer
+    shard_state_over: str | tuple[str, ...] | None
     OptimizerPreHook = Optimizer.OptimizerPreHook
     OptimizerPostHook = Optimizer.OptimizerPostHook
     profile_hook_step = Optimizer.profile_hook_step
@@ -500,6 +502,11 @@ class FusedStep:
       >>> [round(x, 4) for x in w.data.tolist()], w.grad  # p - lr * 2p; .grad untouched
       ([0.8, -1.6], None)
     """
+
+    loss_fn: Callable[..., Any]
+    compiled: CompiledOptimizer
+    grad_transform: Any
+    transform_state: Any
 
     def __init__(
         self,

@@ -123,6 +123,8 @@ class Optimizer:
       ({'lr': 0.5}, 0.5)
     """
 
+    param_groups: list[dict[str, Any]]
+    defaults: dict[str, Any]
     OptimizerPreHook: ClassVar[Any] = OptimizerPreHook
     OptimizerPostHook: ClassVar[Any] = OptimizerPostHook
     rule: ClassVar[Rule | None] = None  # None: an optimizer with its own step

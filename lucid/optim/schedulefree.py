@@ -391,6 +391,14 @@ class ScheduleFreeWrapper:
       ([0.925, -1.85], 2)
     """
 
+    # the attributes' types (the API reference's Attributes table reads them)
+    base: Any
+    weight_decay_at_y: float
+    momentum: float
+    weight_lr_power: float
+    r: float
+    train_mode: bool
+
     def __init__(
         self,
         base: Any,

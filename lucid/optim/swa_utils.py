@@ -265,6 +265,10 @@ class AveragedModel:
       ([2.0], 2)
     """
 
+    # the attributes' types (the API reference's Attributes table reads them)
+    module: Any
+    n_averaged: jax.Array
+
     def __init__(
         self,
         model: Any,

@@ -152,6 +152,11 @@ class LRScheduler:
       (2, [0.25], 0.25)
     """
 
+    # the attributes' types (the API reference's Attributes table reads them)
+    optimizer: Any
+    base_lrs: list[float]
+    last_epoch: int
+
     _get_lr_called_within_step: bool = False
     _is_initial: bool = False
 

@@ -133,6 +133,10 @@ class CosineAnnealingWarmRestarts(LRScheduler):
       [1.0, 0.5, 1.0, 0.8536, 0.5, 0.1464, 1.0, 0.9619]
     """
 
+    # the attributes' types (the API reference's Attributes table reads them)
+    T_cur: float
+    T_i: int
+
     def __init__(
         self,
         optimizer: Any,

@@ -104,6 +104,14 @@ class CyclicLR(LRScheduler):
       ([0.1, 0.55, 1.0, 0.55, 0.1], [0.9, 0.85, 0.8, 0.85, 0.9])
     """
 
+    # the attributes' types (the API reference's Attributes table reads them)
+    max_lrs: list[float]
+    total_size: float
+    step_ratio: float
+    use_beta1: bool
+    base_momentums: list[float]
+    max_momentums: list[float]
+
     def __init__(
         self,
         optimizer: Any,
@@ -306,6 +314,9 @@ class OneCycleLR(LRScheduler):
       >>> lrs
       [0.04, 0.9944, 0.8117, 0.4626, 0.1335, 0.0]
     """
+
+    # the attributes' types (the API reference's Attributes table reads them)
+    use_beta1: bool
 
     def __init__(
         self,

@@ -111,6 +111,9 @@ class MultiStepLR(LRScheduler):
       [1.0, 1.0, 0.5, 0.5, 0.125, 0.125]
     """
 
+    # the attributes' types (the API reference's Attributes table reads them)
+    milestones: Counter[int]
+
     def __init__(
         self, optimizer: Any, milestones: Iterable[int], gamma: float = 0.1, last_epoch: int = -1
     ) -> None:

@@ -84,6 +84,15 @@ class ReduceLROnPlateau(LRScheduler):
       ([1.0, 1.0, 1.0, 0.5, 0.5, 0.5], 1.0)
     """
 
+    # the attributes' types (the API reference's Attributes table reads them)
+    best: float
+    num_bad_epochs: int
+    cooldown_counter: int
+    min_lrs: list[float]
+    default_min_lr: float | None
+    mode_worse: float
+    last_epoch: int
+
     def __init__(
         self,
         optimizer: Any,
