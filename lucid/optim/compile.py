@@ -284,17 +284,25 @@ class CompiledOptimizer:
                 held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
         return held
 
-    def fused_step(self, loss_fn: Callable[..., Any]) -> FusedStep:
+    def fused_step(
+        self,
+        loss_fn: Callable[..., Any],
+        *,
+        has_aux: bool = False,
+        accumulate: int | None = None,
+    ) -> FusedStep:
         """A fused training step for `loss_fn` on this optimizer.
 
         Args:
           loss_fn: `loss_fn(tree, *args, **kwargs) -> loss` (one element), as for
             [backward][lucid.backward].
+          has_aux: as for [fused_step][lucid.fused_step].
+          accumulate: as for [fused_step][lucid.fused_step].
 
         Returns:
           A [FusedStep][lucid.optim.FusedStep] (without a `grad_transform`).
         """
-        return FusedStep(loss_fn, self)
+        return FusedStep(loss_fn, self, has_aux=has_aux, accumulate=accumulate)
 
     def __repr__(self) -> str:
         return f"CompiledOptimizer({self.optimizer!r})"
