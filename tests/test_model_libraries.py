@@ -293,6 +293,8 @@ def test_unboxed_pytrees_are_refused_with_the_way_to_box_them():
         lucid.optim.SGD([jnp.ones(2)], lr=0.1)  # arrays in a list
     with pytest.raises(TypeError, match=r"pass a list of groups"):
         lucid.optim.SGD({"params": [lucid.Parameter(jnp.ones(2))], "lr": 0.1}, lr=0.1)
+    with pytest.raises(TypeError, match=r"pass a list of groups"):  # a boxed tree in a group
+        lucid.optim.SGD({"params": lucid.parameters(state), "lr": 0.1}, lr=0.1)
     np.testing.assert_array_equal(np.asarray(leaf(state["fc1"]["kernel"])), w0)
 
 

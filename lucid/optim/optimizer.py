@@ -159,7 +159,10 @@ class Optimizer:
             EagerBackend(self.rule) if self.rule is not None and self.runs_rule else None
         )
         self._live = StateMapping(self._engine_entries, self._all_engine_entries)
-        if isinstance(params, dict) and isinstance(params.get("params"), list | tuple | Parameter):
+        if isinstance(params, dict) and (
+            isinstance(params.get("params"), list | tuple | Parameter)
+            or ("params" in params and not set(params).isdisjoint(defaults))
+        ):
             raise TypeError(
                 "params given to the optimizer is one parameter group (a dict with a 'params' "
                 "list): pass a list of groups, [group]"
