@@ -409,3 +409,29 @@ def test_fused_accumulation_refuses_data_without_the_micro_batch_axis():
     assert w.data.tolist() == [1.0, 2.0]
     with pytest.raises(ValueError, match=r"accumulate must be a positive int"):
         lucid.fused_step(lambda w: w.sum(), opt, accumulate=0)
+
+
+def test_fused_has_aux_in_steps_agrees_with_the_one_executable():
+    """An optimizer parameter the loss does not take sends the fused step down its
+    backward + step path; its (loss, aux) and update are those of the one executable."""
+    x, y = jnp.asarray(data(0, 5, 4)), jnp.asarray(data(1, 5, 3))
+
+    def with_logits(state, x, y):
+        logits = nnx.merge(GRAPHDEF, state)(x)
+        return ((logits - y) ** 2).mean(), logits
+
+    results = []
+    for extra in (False, True):
+        _, _, state = nnx_model()
+        boxed = lucid.parameters(state)
+        params = lucid.named_parameters(boxed)
+        if extra:
+            params.append(("unused", lucid.Parameter(jnp.ones(2, F64))))
+        opt = lucid.optim.Adam(params, lr=0.1)
+        loss, logits = lucid.fused_step(with_logits, opt, has_aux=True)(boxed, x, y)
+        results.append((float(loss), np.asarray(logits), lucid.values(boxed)))
+    (loss0, logits0, values0), (loss1, logits1, values1) = results
+    np.testing.assert_allclose(loss1, loss0, **TOL)
+    np.testing.assert_allclose(logits1, logits0, **TOL)
+    for a, b in zip(mlp_weights_as_torch(values0).values(), mlp_weights_as_torch(values1).values()):
+        np.testing.assert_allclose(b, a, **TOL)
