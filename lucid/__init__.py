@@ -26,6 +26,7 @@ from . import functional, nn, optim
 from ._backward import backward
 from ._compilation_cache import enable_compilation_cache
 from ._parameter import Parameter
+from ._trees import named_parameters, parameters, values
 from .optim import compile_optimizer, fused_step
 
 __all__ = [
@@ -35,7 +36,10 @@ __all__ = [
     "enable_compilation_cache",
     "functional",
     "fused_step",
+    "named_parameters",
     "nn",
     "optim",
+    "parameters",
+    "values",
 ]
 __version__ = "0.1.0"

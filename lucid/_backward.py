@@ -69,6 +69,13 @@ def partition(tree: Any, args: tuple, kwargs: dict) -> Traced:
     return Traced([s.buffer for s in storages], arrays, static, storages)
 
 
+def array_count(tree: Any) -> int:
+    """How many plain array leaves ``tree`` has (Parameters not counted): the first
+    ``array_count(tree)`` of `partition`'s arrays are ``tree``'s."""
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_parameter)
+    return sum(1 for leaf in leaves if not _is_parameter(leaf) and _is_array(leaf))
+
+
 def parameters_in(tree: Any) -> list[Parameter]:
     """Every Parameter among ``tree``'s leaves, in order."""
     leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_parameter)
@@ -107,22 +114,60 @@ def one_element(loss: Any) -> Any:
     return jnp.reshape(loss, ())
 
 
+def split_aux(out: Any, has_aux: bool) -> tuple[Any, Any]:
+    """``(loss, aux)`` from what ``loss_fn`` returned (``aux`` is ``None`` without
+    ``has_aux``).
+
+    Raises:
+      TypeError: ``has_aux`` and the output is not a pair (as `jax.value_and_grad`).
+    """
+    if not has_aux:
+        return out, None
+    if not (isinstance(out, tuple | list) and len(out) == 2):
+        raise TypeError(
+            "with has_aux=True, loss_fn must return a pair (loss, aux), but it returned "
+            f"{type(out).__name__}"
+        )
+    return out[0], out[1]
+
+
+def refuse_tracers(traced: Traced, where: str) -> None:
+    """A stateful step cannot run inside ``jax.jit`` (or another transform).
+
+    Raises:
+      TypeError: an input is a JAX tracer; the message points to the pure forms.
+    """
+    if any(isinstance(x, jax.core.Tracer) for x in [*traced.buffers, *traced.arrays]):
+        raise TypeError(
+            f"{where} was called under jax.jit (or another JAX transformation): lucid's "
+            "stateful step (backward writes .grad, step writes the Parameters) runs outside "
+            "jit. For one compiled executable use lucid.fused_step(loss_fn, optimizer) (or "
+            "lucid.compile_optimizer); for a pure function to jit yourself use the optax "
+            "transforms of lucid.functional"
+        )
+
+
 def _value_and_grads(
-    loss_fn: Callable[..., Any], static: tuple, buffers: list, arrays: list
-) -> tuple[jax.Array, list]:
-    """Loss (as ``loss_fn`` returned it) and gradients w.r.t. every storage's buffer
-    (through per-parameter views, so no gradient is taken through a slice of a large
-    buffer)."""
+    loss_fn: Callable[..., Any],
+    static: tuple,
+    buffers: list,
+    arrays: list,
+    has_aux: bool = False,
+) -> tuple[Any, list]:
+    """Loss (as ``loss_fn`` returned it: ``(loss, aux)`` with ``has_aux``) and
+    gradients w.r.t. every storage's buffer (through per-parameter views, so no
+    gradient is taken through a slice of a large buffer)."""
     layouts = static[3]
 
-    def loss_of(views: list) -> tuple[jax.Array, jax.Array]:
+    def loss_of(views: list) -> tuple[jax.Array, Any]:
         tree, args, kwargs = rebuild_from_views(static, views, arrays)
-        loss = loss_fn(tree, *args, **kwargs)
-        return one_element(loss), loss
+        out = loss_fn(tree, *args, **kwargs)
+        loss, _ = split_aux(out, has_aux)
+        return one_element(loss), out
 
     views = [layout.split(buffer) for buffer, layout in zip(buffers, layouts)]
-    (_, loss), view_grads = jax.value_and_grad(loss_of, has_aux=True)(views)
-    return loss, [layout.join(g) for g, layout in zip(view_grads, layouts)]
+    (_, out), view_grads = jax.value_and_grad(loss_of, has_aux=True)(views)
+    return out, [layout.join(g) for g, layout in zip(view_grads, layouts)]
 
 
 def rebuild_from_views(static: tuple, views: list, arrays: list) -> tuple[Any, tuple, dict]:
@@ -142,21 +187,21 @@ def rebuild_from_views(static: tuple, views: list, arrays: list) -> tuple[Any, t
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
-def loss_program(loss_fn: Callable[..., Any], static: tuple) -> Callable:
+def loss_program(loss_fn: Callable[..., Any], static: tuple, has_aux: bool = False) -> Callable:
     """``(buffers, arrays) -> (loss, grads)`` for one loss function and call structure,
     jitted. A bounded cache of programs of their own, rather than one ``jax.jit`` with
     static arguments: jax would keep thousands of compiled executables (one per new
     ``lambda``, ~1.5 MB each on CPU), while an evicted program here frees its own."""
 
     def run(buffers: list, arrays: list) -> tuple[jax.Array, list]:
-        return _value_and_grads(loss_fn, static, buffers, arrays)
+        return _value_and_grads(loss_fn, static, buffers, arrays, has_aux)
 
     return jax.jit(run)
 
 
 def value_and_grads(
-    loss_fn: Callable[..., Any], traced: Traced
-) -> tuple[jax.Array, list[jax.Array]]:
+    loss_fn: Callable[..., Any], traced: Traced, has_aux: bool = False
+) -> tuple[Any, list[jax.Array]]:
     """Loss and gradient w.r.t. every storage's buffer, each gradient placed as its buffer.
 
     Inputs committed to different devices cannot meet in one jitted call; they
@@ -170,9 +215,9 @@ def value_and_grads(
         buffers = [jax.device_put(b, device) for b in buffers]
         arrays = [jax.device_put(a, device) if isinstance(a, jax.Array) else a for a in arrays]
     try:
-        run = loss_program(loss_fn, traced.static)
+        run = loss_program(loss_fn, traced.static, has_aux)
     except TypeError:  # an argument that cannot be hashed: evaluated eagerly
-        loss, grads = _value_and_grads(loss_fn, traced.static, buffers, arrays)
+        loss, grads = _value_and_grads(loss_fn, traced.static, buffers, arrays, has_aux)
     else:
         loss, grads = run(buffers, arrays)
     if len(domains) > 1:
@@ -180,7 +225,9 @@ def value_and_grads(
     return loss, grads
 
 
-def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
+def backward(
+    loss_fn: Callable[..., Any], tree: Any, *args: Any, has_aux: bool = False, **kwargs: Any
+) -> Any:
     """Evaluate `loss_fn(tree, *args, **kwargs)` and add its gradients to the Parameters' `.grad`.
 
     lucid's `loss.backward()`. Every [Parameter][lucid.Parameter] in `tree`
@@ -216,17 +263,25 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
       loss_fn: `loss_fn(tree, *args, **kwargs) -> loss`, the loss (a 0-d array,
         or any array of exactly one element) as a pure JAX function of arrays.
       tree: a pytree holding Parameters (a Parameter, a dict or list of them,
-        a model object registered as a pytree).
+        a model object registered as a pytree, a boxed tree from
+        [lucid.parameters][lucid.parameters]).
       *args: further positional arguments of `loss_fn` (data, targets); they
         may hold Parameters too.
+      has_aux: `loss_fn` returns a pair `(loss, aux)` (logits, metrics: any
+        pytree of arrays); only `loss` is differentiated, as with
+        `jax.value_and_grad(..., has_aux=True)`.
       **kwargs: further keyword arguments of `loss_fn`.
 
     Returns:
       The loss as `loss_fn` returned it (a `jax.Array` of one element: 0-d,
-      or the shape it had).
+      or the shape it had); with `has_aux`, the pair `(loss, aux)`.
 
     Raises:
-      ValueError: the arguments hold no Parameter.
+      ValueError: the arguments hold no Parameter (a pytree of plain arrays:
+        the message says to box it with `lucid.parameters`).
+      TypeError: called under `jax.jit` or another transformation (the step is
+        stateful: use [fused_step][lucid.fused_step] or `lucid.functional`), or
+        `has_aux` and `loss_fn` did not return a pair.
       RuntimeError: the loss has more (or fewer) than one element (torch's
         error); the message names its shape, and no `.grad` changed.
 
@@ -240,11 +295,21 @@ def backward(loss_fn: Callable[..., Any], tree: Any, *args: Any, **kwargs: Any) 
       [3.0, 5.0]
       >>> lucid.backward(lambda w: w.sum(0, keepdims=True), w).shape  # one element
       (1,)
+      >>> loss, aux = lucid.backward(lambda w: ((w ** 2).sum(), w * 2), w, has_aux=True)
+      >>> aux.tolist()
+      [2.0, 4.0]
     """
     traced = partition(tree, args, kwargs)
+    refuse_tracers(traced, "lucid.backward")
     if not traced.storages:
-        raise ValueError("lucid.backward: the arguments hold no lucid.Parameter")
-    loss, grads = value_and_grads(loss_fn, traced)
+        hint = ""
+        if any(jnp.issubdtype(a.dtype, jnp.inexact) for a in traced.arrays):
+            hint = (
+                ": its arrays are plain arrays; box the model's pytree with "
+                "`boxed = lucid.parameters(tree)` and pass `boxed`"
+            )
+        raise ValueError(f"lucid.backward: the arguments hold no lucid.Parameter{hint}")
+    loss, grads = value_and_grads(loss_fn, traced, has_aux)
     for position, (storage, grad) in enumerate(zip(traced.storages, grads)):
         size = storage.layout.param_count
         storage.add_grads(grad, present_mask(traced.static, position, size))

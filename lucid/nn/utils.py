@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from .._arrays import is_sparse
 from .._parameter import Parameter
 from .._storage import by_storage
+from .._trees import boxed_tree_params
 from ..functional import clipping
 from ..functional.clipping import check_dense
 
@@ -81,12 +82,22 @@ def _clamped(grads: list[Array], clip_value: Array) -> list[Array]:
 def _parameters(parameters: Parameter | Iterable[Parameter]) -> list[Parameter]:
     if isinstance(parameters, Parameter):
         return [parameters]
+    named = boxed_tree_params(parameters)  # a boxed pytree (lucid.parameters)
+    if named is not None:
+        return [p for _, p in named]
     is_generator = isinstance(parameters, types.GeneratorType)
     params = list(parameters)
     if is_generator and not params:
         warnings.warn(
             "`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=3
         )
+    for p in params:
+        if not isinstance(p, Parameter):
+            raise TypeError(
+                "gradient clipping takes lucid.Parameter objects (whose .grad it scales), "
+                f"but one of the parameters is {type(p).__name__}; box arrays with "
+                "lucid.Parameter(array), or a pytree with lucid.parameters(tree)"
+            )
     return params
 
 
@@ -245,7 +256,8 @@ def clip_grad_norm_(
     Call it between [backward][lucid.backward] and the optimizer's `step()`.
 
     Args:
-      parameters: a Parameter or an iterable of them (`None` gradients are skipped).
+      parameters: a Parameter, an iterable of them, or a boxed pytree (from
+        [lucid.parameters][lucid.parameters]); `None` gradients are skipped.
       max_norm: the largest total norm kept.
       norm_type: the order $p$ of the norms (`float("inf")` for the max norm).
       error_if_nonfinite: raise (and change nothing) when $N$ is nan or inf.
@@ -291,7 +303,8 @@ def clip_grad_value_(
     """Clamp every gradient elementwise to `[-clip_value, clip_value]`, in place (torch's).
 
     Args:
-      parameters: a Parameter or an iterable of them (`None` gradients are skipped).
+      parameters: a Parameter, an iterable of them, or a boxed pytree (from
+        [lucid.parameters][lucid.parameters]); `None` gradients are skipped.
       clip_value: the largest magnitude kept.
       foreach: accepted for torch compatibility; ignored.
 

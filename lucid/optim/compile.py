@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 from .._parameter import Parameter
@@ -286,17 +287,25 @@ class CompiledOptimizer:
                 held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
         return held
 
-    def fused_step(self, loss_fn: Callable[..., Any]) -> FusedStep:
+    def fused_step(
+        self,
+        loss_fn: Callable[..., Any],
+        *,
+        has_aux: bool = False,
+        accumulate: int | None = None,
+    ) -> FusedStep:
         """A fused training step for `loss_fn` on this optimizer.
 
         Args:
           loss_fn: `loss_fn(tree, *args, **kwargs) -> loss` (one element), as for
             [backward][lucid.backward].
+          has_aux: as for [fused_step][lucid.fused_step].
+          accumulate: as for [fused_step][lucid.fused_step].
 
         Returns:
           A [FusedStep][lucid.optim.FusedStep] (without a `grad_transform`).
         """
-        return FusedStep(loss_fn, self)
+        return FusedStep(loss_fn, self, has_aux=has_aux, accumulate=accumulate)
 
     def __repr__(self) -> str:
         return f"CompiledOptimizer({self.optimizer!r})"
@@ -482,6 +491,8 @@ class FusedStep:
         per parameter, of its shape and dtype.
       shard_state_over: as for [compile_optimizer][lucid.compile_optimizer],
         when this call compiles the optimizer.
+      has_aux: as for [fused_step][lucid.fused_step].
+      accumulate: as for [fused_step][lucid.fused_step].
 
     Attributes:
       loss_fn: the loss function.
@@ -491,6 +502,8 @@ class FusedStep:
         function is held as a stateless optax transform of it), or `None`.
       transform_state: the `grad_transform`'s state, carried from call to call
         (`None` without a transform).
+      has_aux: whether `loss_fn` returns `(loss, aux)`.
+      accumulate: the number of micro-batches per step, or `None`.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -514,8 +527,16 @@ class FusedStep:
         optimizer: Optimizer | CompiledOptimizer,
         grad_transform: Any = None,
         shard_state_over: str | tuple[str, ...] | None = None,
+        has_aux: bool = False,
+        accumulate: int | None = None,
     ) -> None:
+        if accumulate is not None and (
+            isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1
+        ):
+            raise ValueError(f"accumulate must be a positive int or None, got {accumulate!r}")
         self.loss_fn = loss_fn
+        self.has_aux = bool(has_aux)
+        self.accumulate = accumulate
         if isinstance(optimizer, CompiledOptimizer):
             self.compiled = optimizer
         else:
@@ -527,25 +548,47 @@ class FusedStep:
         self.transform_state: Any = None
         self._transform_params: tuple[Parameter, ...] = ()
 
-    def __call__(self, tree: Any, *args: Any, **kwargs: Any) -> jax.Array:
+    def __call__(self, tree: Any, *args: Any, **kwargs: Any) -> Any:
         """One training step: the loss, its gradients, `grad_transform` and the update.
 
         Args:
-          tree: the first argument of `loss_fn`, a pytree holding Parameters.
-          *args: further positional arguments of `loss_fn` (data, targets).
+          tree: the first argument of `loss_fn`, a pytree holding Parameters (a
+            boxed tree from [lucid.parameters][lucid.parameters]).
+          *args: further positional arguments of `loss_fn` (data, targets); with
+            `accumulate=N`, each array among `args` and `kwargs` has a leading
+            micro-batch axis of size N.
           **kwargs: further keyword arguments of `loss_fn`.
 
         Returns:
           The loss before the update, as `loss_fn` returned it (one element: 0-d,
-          or the shape it had).
+          or the shape it had); with `accumulate=N`, the sum of the N micro-batch
+          losses divided by N (their mean, as torch's loop sums `loss / N`); with
+          `has_aux`, the pair `(loss, aux)` (with `accumulate`, each leaf of `aux`
+          stacked over the micro-batches).
 
         Raises:
-          ValueError: a hyper-parameter edited into `param_groups` is invalid, or
-            `grad_transform` returned gradients of another structure (nothing has
-            moved).
+          ValueError: a hyper-parameter edited into `param_groups` is invalid,
+            `grad_transform` returned gradients of another structure, or (with
+            `accumulate=N`) an array of the data has no leading axis of size N
+            (nothing has moved).
+          TypeError: called under `jax.jit` (this step is already one compiled
+            executable), or `has_aux` and `loss_fn` did not return a pair.
           RuntimeError: the loss has more (or fewer) than one element (torch's
             error, naming its shape; nothing has moved).
         """
+        if self.accumulate is not None:
+            data = jax.tree_util.tree_leaves(
+                (args, kwargs), is_leaf=lambda x: isinstance(x, Parameter)
+            )
+            for x in data:
+                if isinstance(x, jax.Array | np.ndarray) and (
+                    x.ndim == 0 or x.shape[0] != self.accumulate
+                ):
+                    raise ValueError(
+                        f"fused step with accumulate={self.accumulate}: every array of the "
+                        f"data needs a leading micro-batch axis of size {self.accumulate}, "
+                        f"but one has shape {tuple(x.shape)}"
+                    )
         optimizer = self.compiled.optimizer
         rule = optimizer.rule
         assert rule is not None
@@ -565,6 +608,8 @@ class FusedStep:
                 (tree, args, kwargs),
                 self.grad_transform,
                 self.transform_state,
+                self.has_aux,
+                self.accumulate,
             )
             return loss
 
@@ -622,6 +667,8 @@ def fused_step(
     grad_transform: Any = None,
     *,
     shard_state_over: str | tuple[str, ...] | None = None,
+    has_aux: bool = False,
+    accumulate: int | None = None,
 ) -> FusedStep:
     """A fused training step: forward, backward and update of `optimizer` in one executable.
 
@@ -641,13 +688,23 @@ def fused_step(
         [clip_grad_norm][lucid.functional.clip_grad_norm]; `None` for none.
       shard_state_over: as for [compile_optimizer][lucid.compile_optimizer]
         (used when this call compiles the optimizer).
+      has_aux: `loss_fn` returns `(loss, aux)` and the step returns that pair,
+        as with `jax.value_and_grad(..., has_aux=True)` (e.g. a model that
+        returns `(logits, loss)` reordered to `(loss, logits)`).
+      accumulate: `N` for gradient accumulation: every array among the call's
+        data (`args`, `kwargs`) has a leading axis of `N` micro-batches; the
+        step runs them in one executable (a `jax.lax.scan`, one gradient
+        buffer), sums the gradients of `loss / N` as torch's loop
+        `(loss / N).backward()` over the N micro-batches followed by one
+        `step()` does, and updates once. `None` for one batch.
 
     Returns:
       The [FusedStep][lucid.optim.FusedStep].
 
     Raises:
       TypeError: `optimizer` is not one of lucid.optim's optimizer classes.
-      ValueError: as [compile_optimizer][lucid.compile_optimizer].
+      ValueError: as [compile_optimizer][lucid.compile_optimizer]; `accumulate`
+        is not a positive int.
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -659,5 +716,14 @@ def fused_step(
       12.5
       >>> [round(x, 4) for x in w.data.tolist()]
       [2.4, 3.2]
+      >>> v = lucid.Parameter(jnp.array([1.0]))
+      >>> opt = lucid.optim.SGD([v], lr=0.1)
+      >>> step = lucid.fused_step(lambda v, x: (v * x).sum(), opt, accumulate=2)
+      >>> float(step(v, jnp.array([[1.0], [3.0]])))  # two micro-batches: mean loss
+      2.0
+      >>> [round(x, 4) for x in v.data.tolist()]  # the averaged gradient, 2
+      [0.8]
     """
-    return FusedStep(loss_fn, optimizer, grad_transform, shard_state_over)
+    return FusedStep(
+        loss_fn, optimizer, grad_transform, shard_state_over, has_aux=has_aux, accumulate=accumulate
+    )

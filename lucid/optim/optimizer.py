@@ -26,6 +26,7 @@ import numpy as np
 from .._arrays import to_array
 from .._parameter import Parameter
 from .._storage import by_storage
+from .._trees import boxed_tree_params
 from ..functional._rule import Rule, hyper_values
 from ..functional._signature import Signature
 from ._engine import Backend, EagerBackend, Group, Hyper, export, load_entry
@@ -71,7 +72,11 @@ class Optimizer:
       params: what to optimize: an iterable of [Parameter][lucid.Parameter]s,
         of `(name, Parameter)` pairs (the names are kept in each group's
         `param_names`), or of dicts, each a parameter group
-        (`{"params": [...], "lr": ...}`) whose options override `defaults`.
+        (`{"params": [...], "lr": ...}`) whose options override `defaults`;
+        or a boxed pytree (from [lucid.parameters][lucid.parameters]: an
+        `nnx.State`, an equinox model, a dict), whose Parameters are taken in
+        order with their dotted names as `param_names`, as torch's
+        `model.named_parameters()`.
       defaults: the options (`lr`, ...) a group takes when it does not set
         them.
 
@@ -156,7 +161,16 @@ class Optimizer:
             EagerBackend(self.rule) if self.rule is not None and self.runs_rule else None
         )
         self._live = StateMapping(self._engine_entries, self._all_engine_entries)
-        groups = list(params)
+        if isinstance(params, dict) and (
+            isinstance(params.get("params"), list | tuple | Parameter)
+            or ("params" in params and not set(params).isdisjoint(defaults))
+        ):
+            raise TypeError(
+                "params given to the optimizer is one parameter group (a dict with a 'params' "
+                "list): pass a list of groups, [group]"
+            )
+        named = boxed_tree_params(params)  # a boxed pytree: its parameters, named by path
+        groups = [{"params": named}] if named is not None else list(params)
         if not groups:
             raise ValueError("optimizer got an empty parameter list")
         if not isinstance(groups[0], dict):
@@ -313,8 +327,9 @@ class Optimizer:
 
         Args:
           param_group: `{"params": ..., **options}`: the Parameters (a
-            Parameter, or an ordered iterable of Parameters or of
-            `(name, Parameter)` pairs, named exactly when the other groups' are)
+            Parameter, an ordered iterable of Parameters or of
+            `(name, Parameter)` pairs, or a boxed pytree, whose Parameters come
+            with their dotted names; named exactly when the other groups' are)
             and the group's options; missing options take `defaults`.
 
         Raises:
@@ -336,7 +351,10 @@ class Optimizer:
         if "params" not in param_group:
             raise ValueError("param_group must have a 'params' entry")
         params = param_group["params"]
-        if isinstance(params, Parameter):
+        named = boxed_tree_params(params)  # a boxed pytree: its parameters, named by path
+        if named is not None:
+            params = named
+        elif isinstance(params, Parameter):
             params = [params]
         elif isinstance(params, set):
             raise TypeError(
@@ -363,6 +381,12 @@ class Optimizer:
                 raise TypeError(
                     "optimizer can only optimize lucid.Parameter objects, "
                     f"but one of the params is {type(p).__name__}"
+                    + (
+                        " (box arrays with lucid.Parameter(array), or a pytree with "
+                        "lucid.parameters(tree))"
+                        if isinstance(p, jax.Array | np.ndarray)
+                        else ""
+                    )
                 )
             if not jnp.issubdtype(p.dtype, jnp.inexact):
                 raise ValueError(

@@ -25,6 +25,7 @@ import numpy as np
 
 from .._arrays import is_torch_tensor, torch_to_numpy
 from .._parameter import Parameter
+from .._trees import UNBOXED, named_leaves
 from ..functional.averaging import check_decay, ema_fold, swa_fold, swa_lerp_fold
 from ._schedulers.base import LRScheduler, per_group
 
@@ -169,18 +170,6 @@ def _host(value: Any) -> np.ndarray:
     return torch_to_numpy(value) if is_torch_tensor(value) else np.asarray(value)
 
 
-def _key_name(key: Any) -> str:
-    for attribute in ("key", "idx", "name"):  # DictKey/FlattenedIndexKey, SequenceKey, GetAttrKey
-        if hasattr(key, attribute):
-            return str(getattr(key, attribute))
-    return str(key)
-
-
-def _dotted(path: tuple) -> str:
-    """A pytree path as torch names a module's entries: `{"layer": [w]}` -> `layer.0`."""
-    return ".".join(_key_name(key) for key in path)
-
-
 def _fitted(value: Any, like: Array, where: str, what: str) -> Array:
     """`value` written into an array shaped and typed as `like`, as torch's in-place
     `copy_` writes it: broadcast to `like`'s shape (never changing it), cast to its dtype.
@@ -280,6 +269,11 @@ class AveragedModel:
         if avg_fn is not None and multi_avg_fn is not None:
             raise ValueError("Only one of avg_fn and multi_avg_fn should be provided")
         leaves, self._treedef = jax.tree_util.tree_flatten(model, is_leaf=_is_parameter)
+        if not any(isinstance(leaf, Parameter) for leaf in leaves) and any(
+            isinstance(leaf, jax.Array | np.ndarray) and jnp.issubdtype(leaf.dtype, jnp.inexact)
+            for leaf in leaves
+        ):
+            raise TypeError(f"AveragedModel: {UNBOXED}")
         copies = []
         for leaf in leaves:
             value = leaf.data if isinstance(leaf, Parameter) else leaf
@@ -297,8 +291,7 @@ class AveragedModel:
 
     def _paths(self) -> list[str]:
         """Each leaf's path in the averaged copy, as torch's dotted names."""
-        with_path = jax.tree_util.tree_flatten_with_path(self.module, is_leaf=_is_parameter)[0]
-        return [_dotted(path) or "<root>" for path, _ in with_path]
+        return [name or "<root>" for name, _ in named_leaves(self.module)]
 
     def update_parameters(self, model: Any) -> None:
         """Fold `model`'s current values into the average (torch: `update_parameters`).

@@ -20,6 +20,7 @@ domain (`lucid.optim._engine.programs`) applies the rule to every bucket, with:
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -131,27 +132,35 @@ class CompiledBackend:
         call: tuple[Any, tuple, dict],
         grad_transform: Any,
         transform_state: Any,
-    ) -> tuple[jax.Array, Any]:
+        has_aux: bool = False,
+        accumulate: int | None = None,
+    ) -> tuple[Any, Any]:
         """Forward, backward, ``grad_transform`` (an optax transform applied to the
         list of gradients in the optimizer's parameter order) and update of every
-        bucket in one executable. Returns the loss and the transform's new state.
+        bucket in one executable. Returns the loss (``(loss, aux)`` with ``has_aux``)
+        and the transform's new state. With ``accumulate=N`` the arrays of ``args``
+        and ``kwargs`` hold N micro-batches along their leading axis (see
+        `fused_program`).
 
         Where one executable cannot hold the step (parameters on several device
         domains or borrowed from another optimizer, or parameters of the
         optimizer the loss does not take), it runs as its meaning: `backward`,
         the transform and a step, leaving every ``.grad`` as it was."""
-        from ..._backward import parameters_in, partition
+        from ..._backward import array_count, parameters_in, partition, refuse_tracers
 
         self._follow(groups, gradients=False)
         tree, args, kwargs = call
         traced = partition(tree, args, kwargs)
+        refuse_tracers(traced, "a fused step")
         position = {id(b.store): i for i, b in enumerate(self._buckets)}
         domains = {b.domain for b in self._buckets} - {None}
         borrowed = any(isinstance(b.store, Borrowed) for b in self._buckets)
         taken = {id(p) for p in parameters_in(call)}
         missing = any(id(p) not in taken for params in self._params for p in params)
         if len(domains) > 1 or borrowed or missing:
-            return self._fused_in_steps(groups, loss_fn, call, grad_transform, transform_state)
+            return self._fused_in_steps(
+                groups, loss_fn, call, grad_transform, transform_state, has_aux, accumulate
+            )
         # the loss's storages: our buckets (differentiated) and others (constants)
         sources = tuple(
             ("bucket", position[id(s)]) if id(s) in position else ("const", i)
@@ -162,7 +171,16 @@ class CompiledBackend:
         plans, hyper32, hyper64 = self._hyper(self._buckets, next(iter(domains), None), groups)
         order = self._parameter_order() if grad_transform is not None else ()
         structure = (traced.static, sources, tuple(b.store.layout for b in self._buckets), order)
-        run = fused_program(self.rule, loss_fn, grad_transform, structure, plans)
+        run = fused_program(
+            self.rule,
+            loss_fn,
+            grad_transform,
+            structure,
+            plans,
+            has_aux,
+            accumulate,
+            array_count(tree) if accumulate is not None else 0,
+        )
         loss, values, new_states, transform_state = run(
             hyper32,
             hyper64,
@@ -191,9 +209,12 @@ class CompiledBackend:
         call: tuple[Any, tuple, dict],
         grad_transform: Any,
         transform_state: Any,
+        has_aux: bool = False,
+        accumulate: int | None = None,
     ) -> tuple[Any, Any]:
         """The fused step's meaning, as backward + transform + step: ``.grad`` is left
-        as it was."""
+        as it was. With ``accumulate=N``, N backwards of ``loss / N``, one per
+        micro-batch (torch's accumulation loop)."""
         from ..._backward import backward, parameters_in
 
         params = [p for params in self._params for p in params]
@@ -205,7 +226,25 @@ class CompiledBackend:
             p.grad = None
         try:
             tree, args, kwargs = call
-            loss = backward(loss_fn, tree, *args, **kwargs)
+            if accumulate is None:
+                loss = backward(loss_fn, tree, *args, has_aux=has_aux, **kwargs)
+            else:
+                scaled = ScaledLoss(loss_fn, accumulate, has_aux)
+                outs = []
+                for i in range(accumulate):
+                    micro_args, micro_kwargs = jax.tree_util.tree_map(
+                        lambda x, i=i: x[i] if isinstance(x, jax.Array | np.ndarray) else x,
+                        (args, kwargs),
+                        is_leaf=lambda x: isinstance(x, Parameter),
+                    )
+                    outs.append(
+                        backward(scaled, tree, *micro_args, has_aux=True, **micro_kwargs)[1]
+                    )
+                total = outs[0][0]
+                for out in outs[1:]:  # in order, as the loop's running sum
+                    total = total + out[0]
+                aux = jax.tree_util.tree_map(lambda *xs: jax.numpy.stack(xs), *[o[1] for o in outs])
+                loss = (total, aux) if has_aux else total
             if grad_transform is not None:
                 stepped = [p for p in params if p.grad is not None]
                 grads = [p.grad for p in stepped]
@@ -366,3 +405,21 @@ def _vector_sharding(buckets: list[Bucket]) -> Any:
         if len(sharding.device_set) == 1:
             return SingleDeviceSharding(next(iter(sharding.device_set)))
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledLoss:
+    """``loss_fn``'s loss divided by ``n`` (one micro-batch of ``n``), returned as
+    ``(loss / n, (loss / n, aux))``; equal for equal arguments, so it keys one
+    compiled program."""
+
+    loss_fn: Callable
+    n: int
+    has_aux: bool
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        from ..._backward import split_aux
+
+        loss, aux = split_aux(self.loss_fn(*args, **kwargs), self.has_aux)
+        loss = loss / self.n
+        return loss, (loss, aux)

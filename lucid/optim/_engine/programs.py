@@ -113,15 +113,27 @@ def step_program(rule: Rule, plans: tuple[Plan, ...]) -> Callable:
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def fused_program(
-    rule: Rule, loss_fn: Callable, grad_transform: Any, structure: tuple, plans: tuple
+    rule: Rule,
+    loss_fn: Callable,
+    grad_transform: Any,
+    structure: tuple,
+    plans: tuple,
+    has_aux: bool = False,
+    accumulate: int | None = None,
+    fixed: int = 0,
 ) -> Callable:
     """Forward, backward, ``grad_transform`` and update of every bucket in one program.
 
     ``structure`` is ``(static, sources, layouts, order)``: the call's static part
     (`lucid._backward.partition`), where each storage of the call comes from (a
     bucket, or a constant), the buckets' layouts, and each parameter's
-    ``(bucket, index)`` in the optimizer's order (for ``grad_transform``)."""
-    from ..._backward import one_element, rebuild_from_views
+    ``(bucket, index)`` in the optimizer's order (for ``grad_transform``).
+
+    With ``accumulate=N``, the call's arrays after the first ``fixed`` (those of the
+    tree) carry a leading micro-batch axis of size N: a ``jax.lax.scan`` over it sums
+    the gradients of ``loss / N`` in one gradient carry (torch's accumulation loop),
+    and the loss returned is the sum of the ``loss / N``; ``aux`` is stacked."""
+    from ..._backward import one_element, rebuild_from_views, split_aux
 
     static, sources, layouts, order = structure
     const_layouts = [static[3][i] for i, source in enumerate(sources) if source[0] == "const"]
@@ -129,18 +141,41 @@ def fused_program(
     def fused(hyper32, hyper64, values, states, consts, arrays, transform_state):
         const_views = [layout.split(c) for c, layout in zip(consts, const_layouts)]
 
-        def loss_of(bucket_views):
-            const_it = iter(const_views)
-            views = [
-                bucket_views[source[1]] if source[0] == "bucket" else next(const_it)
-                for source in sources
-            ]
-            tree, args, kwargs = rebuild_from_views(static, views, arrays)
-            loss = loss_fn(tree, *args, **kwargs)
-            return one_element(loss), loss  # a one-element loss, returned in its shape
+        def grads_of(bucket_views, arrays):
+            def loss_of(bucket_views):
+                const_it = iter(const_views)
+                views = [
+                    bucket_views[source[1]] if source[0] == "bucket" else next(const_it)
+                    for source in sources
+                ]
+                tree, args, kwargs = rebuild_from_views(static, views, arrays)
+                loss, aux = split_aux(loss_fn(tree, *args, **kwargs), has_aux)
+                scaled = one_element(loss)
+                if accumulate is not None:
+                    loss = loss / accumulate
+                    scaled = scaled / accumulate  # torch's `(loss / N).backward()`
+                return scaled, (loss, aux)  # a one-element loss, returned in its shape
+
+            (_, out), grads = jax.value_and_grad(loss_of, has_aux=True)(bucket_views)
+            return out, grads
 
         bucket_views = [layout.split(buffer) for buffer, layout in zip(values, layouts)]
-        (_, loss), view_grads = jax.value_and_grad(loss_of, has_aux=True)(bucket_views)
+        if accumulate is None:
+            (loss, aux), view_grads = grads_of(bucket_views, arrays)
+        else:
+            kept = list(arrays[:fixed])
+
+            def micro(acc, batch):
+                out, grads = grads_of(bucket_views, kept + list(batch))
+                return jax.tree_util.tree_map(jnp.add, acc, grads), out
+
+            zeros = jax.tree_util.tree_map(jnp.zeros_like, bucket_views)
+            view_grads, (losses, aux) = jax.lax.scan(
+                micro, zeros, list(arrays[fixed:]), length=accumulate
+            )
+            loss = losses[0]
+            for i in range(1, accumulate):  # in order, as the loop's running sum
+                loss = loss + losses[i]
         if grad_transform is not None:  # on per-parameter gradients, the optimizer's order
             grads_list = [view_grads[b][i] for b, i in order]
             params_list = [bucket_views[b][i] for b, i in order]
@@ -153,6 +188,7 @@ def fused_program(
                 view_grads[b][i] = grad
         grads = [layout.join(g) for g, layout in zip(view_grads, layouts)]
         new_values, new_states = apply_buckets(rule, plans, hyper32, hyper64, values, grads, states)
-        return loss, new_values, new_states, transform_state
+        out = (loss, aux) if has_aux else loss
+        return out, new_values, new_states, transform_state
 
     return jax.jit(fused, donate_argnums=(2, 3))
