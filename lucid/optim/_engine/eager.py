@@ -46,11 +46,13 @@ CHEAP_FLOPS = 1000.0
 
 
 def _on_cpu(array: Any) -> bool:
-    """Whether ``array`` lives on the host's CPU devices."""
+    """Whether ``array`` lives on one of the host's CPU devices (an array spread over
+    several devices keeps one call: splitting it would multiply its collectives)."""
     try:
-        return all(d.platform == "cpu" for d in array.sharding.device_set)
+        devices = array.sharding.device_set
     except AttributeError:  # not a jax array
         return False
+    return len(devices) == 1 and next(iter(devices)).platform == "cpu"
 
 
 def _flops_per_element(program: Callable, vector: Any, value: Any, grad: Any, state: Any) -> float:
