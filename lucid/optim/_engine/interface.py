@@ -74,6 +74,9 @@ class FusingBackend(Backend, Protocol):
         call: tuple[Any, tuple, dict],
         grad_transform: Any,
         transform_state: Any,
+        has_aux: bool = False,
+        accumulate: int | None = None,
     ) -> tuple[Any, Any]:
-        """One training step of ``loss_fn`` over ``call = (tree, args, kwargs)``;
-        returns the loss and ``grad_transform``'s new state."""
+        """One training step of ``loss_fn`` over ``call = (tree, args, kwargs)`` (over
+        ``accumulate`` micro-batches, when given); returns the loss (``(loss, aux)``
+        with ``has_aux``) and ``grad_transform``'s new state."""
