@@ -415,3 +415,38 @@ def test_functional_averagers_refuse_other_shapes_and_keep_their_dtype():
         for _ in range(2):
             state = averager.update({"w": jnp.full(2, 1 / 3, jnp.float64)}, state)
         assert state.averaged["w"].dtype == np.float32
+
+
+def test_n_averaged_lives_with_the_averaged_copy_as_torchs_buffer():
+    """torch registers `n_averaged` on the averaged copy's `device`; lucid keeps it there
+    through updates and loads (run on 2 host devices in a subprocess)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        import jax, jax.numpy as jnp
+        import lucid
+        first, second = jax.devices()[:2]
+        w = lucid.Parameter(jax.device_put(jnp.ones(3), first))
+        avg = lucid.optim.swa_utils.AveragedModel({"w": w}, device=second)
+        assert avg.n_averaged.devices() == {second}, avg.n_averaged.devices()
+        for _ in range(2):
+            avg.update_parameters({"w": w})
+        assert avg.n_averaged.devices() == {second}
+        assert avg.module["w"].data.devices() == {second}
+        avg.load_state_dict(avg.state_dict())
+        assert avg.n_averaged.devices() == {second} and int(avg.n_averaged) == 2
+        print("OK")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("JAX_ENABLE_X64", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]

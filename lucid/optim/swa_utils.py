@@ -283,11 +283,12 @@ class AveragedModel:
                     value = jax.device_put(value, device)
             copies.append(Parameter(value) if isinstance(leaf, Parameter) else value)
         self.module = jax.tree_util.tree_unflatten(self._treedef, copies)
-        self.n_averaged = jnp.asarray(0, jnp.int32)
         self.avg_fn = avg_fn
         self.multi_avg_fn = multi_avg_fn
         self.use_buffers = use_buffers
         self.device = device
+        # torch's buffer lives with the averaged copy (`device`)
+        self.n_averaged = self._placed(jnp.asarray(0, jnp.int32))
 
     def _paths(self) -> list[str]:
         """Each leaf's path in the averaged copy, as torch's dotted names."""
@@ -522,7 +523,7 @@ class AveragedModel:
             else:
                 leaves[i] = self._placed(value)
         self.module = jax.tree_util.tree_unflatten(self._treedef, leaves)
-        self.n_averaged = n_averaged
+        self.n_averaged = self._placed(n_averaged)
 
 
 def _cosine_anneal(t: float) -> float:
