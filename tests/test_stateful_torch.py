@@ -606,6 +606,39 @@ class TorchParityMachine(RuleBasedStateMachine):
         tgroups[g][k] = v
         lgroups[g][k] = v
 
+    @rule(
+        slot=st.sampled_from(["main", "second"]),
+        index=st.integers(0, MAX_PARAMS - 1),
+        op=st.sampled_from(["zero", "halve", "delete"]),
+    )
+    def write_state(self, slot, index, op):
+        """Write into `opt.state` as torch code does: zero or halve one of a parameter's
+        buffers in place (lucid: assign the new array), or delete its state (torch starts
+        it again at the next step); the next step must see it in both."""
+        slot = self._slot(slot)
+        s = self.slots[slot]
+        i = index % len(self.lp)
+        lp, tp = self.lp[i], self.tp[i]
+        tstate = s.topt.state.get(tp)
+        if not tstate:
+            return
+        if op == "delete":
+            if not self._op(f"{slot}: del opt.state[param {i}]"):
+                return
+            del s.topt.state[tp]
+            del s.lopt.state[lp]
+            return
+        names = [k for k, v in tstate.items() if torch.is_tensor(v) and v.ndim > 0]
+        if not names:
+            return
+        name = names[index % len(names)]
+        if not self._op(f"{slot}: opt.state[param {i}][{name!r}] {op}"):
+            return
+        with torch.no_grad():
+            tstate[name].mul_(0.0 if op == "zero" else 0.5)
+        current = s.lopt.state[lp][name]
+        s.lopt.state[lp][name] = current * (0.0 if op == "zero" else 0.5)
+
     @rule(shape=st.sampled_from(SHAPES), seed=st.integers(0, 2**32 - 1), lr=st.booleans())
     def add_param_group(self, shape, seed, lr):
         if len(self.lp) >= MAX_PARAMS or self.done:

@@ -590,15 +590,10 @@ class FusedStep:
                         f"but one has shape {tuple(x.shape)}"
                     )
         optimizer = self.compiled.optimizer
-        rule = optimizer.rule
-        assert rule is not None
-
         # run_as_step: [Step 1] the pre-hooks, [Step 2] body: the groups as they are
         # now, checked, then the one executable, [Step 3] the post-hooks
         def body() -> jax.Array:
-            for group in optimizer.param_groups:
-                rule.check_step(group)
-            groups = optimizer.engine_groups()
+            groups = optimizer.begin_step()  # checks, and the writes into opt.state
             self._follow_parameters(optimizer.parameters())
             backend = optimizer.backend
             assert isinstance(backend, CompiledBackend)

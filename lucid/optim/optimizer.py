@@ -225,6 +225,25 @@ class Optimizer:
             for group, hyper in zip(groups, hypers)
         ]
 
+    def begin_step(self) -> list[Group]:
+        """What every step does before the engine runs it: each group's options checked
+        as torch checks them at a step (nothing moves on an error), the writes made into
+        `state` since the last step handed to the engine (checked first), and the groups
+        read for the engine.
+
+        `step` and [FusedStep][lucid.optim.FusedStep] both begin this way.
+
+        Returns:
+          One `lucid.optim._engine.Group` per parameter group, in order.
+
+        Raises:
+          ValueError: an option edited into `param_groups`, or a write into `state`,
+            does not fit (nothing has moved).
+        """
+        hypers = [self._checked_hyper(group) for group in self.param_groups]
+        self._apply_state_writes()
+        return self.engine_groups(hypers)
+
     def _checked_hyper(self, group: dict[str, Any]) -> Hyper:
         """``group``'s options checked as torch checks them at a step, and its
         hyper-parameters read; both are functions of the group's values alone, so
@@ -551,10 +570,7 @@ class Optimizer:
         if self.rule is None or self._backend is None:
             raise NotImplementedError(f"{type(self).__name__} must implement step()")
         loss = closure() if closure is not None else None
-        # values edited by hand: checked before anything moves
-        hypers = [self._checked_hyper(group) for group in self.param_groups]
-        self._apply_state_writes()
-        self._backend.step(self.engine_groups(hypers))
+        self._backend.step(self.begin_step())  # values edited by hand: checked first
         return loss
 
     # ----------------------------------------------------------------- hooks
