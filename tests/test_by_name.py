@@ -46,8 +46,9 @@ def test_a_torch_run_resumes_in_lucid_by_name_and_back(mode):
     kernel, bias, opt = _lucid()
     if mode == "compiled":
         lucid.compile_optimizer(opt)
-    kernel.data = jnp.asarray(w.detach().numpy().T)
-    bias.data = jnp.asarray(b.detach().numpy().reshape(4, 1, 1))
+    # copies: on the CPU, jax may share a NumPy view's memory, which torch updates in place
+    kernel.data = jnp.array(w.detach().numpy().T, copy=True)
+    bias.data = jnp.array(b.detach().numpy().reshape(4, 1, 1), copy=True)
     opt.load_state_dict(
         lucid.optim.from_torch(topt.state_dict(), opt, rename=RENAME, layouts=LAYOUTS)
     )
