@@ -98,7 +98,14 @@ class Parameter:
             raise ValueError(
                 "a Parameter must be dense, but got a sparse array; use its .todense()"
             )
-        value = jnp.asarray(torch_to_numpy(data) if is_torch_tensor(data) else data)
+        if is_torch_tensor(data):
+            value = jnp.asarray(torch_to_numpy(data))
+        elif isinstance(data, np.ndarray):
+            # a copy: on the CPU jax may share a NumPy array's memory (a torch tensor's
+            # .numpy() view, which torch then updates in place)
+            value = jnp.array(data, copy=True)
+        else:
+            value = jnp.asarray(data)
         requested = _requested_dtype(data)
         if requested is not None and str(requested) == "float64" and value.dtype != np.float64:
             warnings.warn(

@@ -631,7 +631,7 @@ def test_a_torchao_checkpoint_resumes_in_lucid(name):
     torch.save(t_opt.state_dict(), buffer)  # through a file, as a run resumes
     buffer.seek(0)
     saved = torch.load(buffer, weights_only=True)
-    lparams = [lucid.Parameter(jnp.asarray(tp.detach().numpy())) for tp in tparams]
+    lparams = [lucid.Parameter(jnp.array(tp.detach().numpy(), copy=True)) for tp in tparams]
     l_opt = getattr(lucid.optim.torchao, name)(lparams, lr=0.5)
     l_opt.load_state_dict(saved)
     assert l_opt.param_groups[0]["lr"] == pytest.approx(1e-2)

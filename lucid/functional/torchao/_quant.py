@@ -253,7 +253,7 @@ def quantize(x: Array, form: str, signed: bool, block_size: int) -> tuple[Array,
         # a division by a materialized array: XLA would turn ``scale / 448`` into
         # ``scale * (1/448)``, an ulp off torch's quotient for many scales
         scale = scale / jax.lax.optimization_barrier(jnp.full(scale.shape, FP8_MAX, jnp.float32))
-        return (blocks / scale[:, None]).astype(FP8).reshape(x.shape), scale
+        return to_fp8(blocks / scale[:, None]).reshape(x.shape), scale
     scaled = (blocks / scale[:, None]).reshape(-1)
     codes = nearest_codes(scaled, qmap(8 if form == "8bit" else 4, signed))
     if form == "8bit":
@@ -327,3 +327,18 @@ def bf16_stochastic_round(x: Array, key: Array) -> Array:
     away = random16 < (bits & jnp.uint32(0xFFFF))
     rounded = jnp.where(away, toward_zero + jnp.uint32(0x10000), toward_zero)
     return jax.lax.bitcast_convert_type(rounded, jnp.float32).astype(jnp.bfloat16)
+
+
+def to_fp8(x: Array) -> Array:
+    """``x`` (float32, within ``±FP8_MAX``) as ``float8_e4m3fn``, rounded to the nearest
+    code, ties to even, as torch's ``x.to(torch.float8_e4m3fn)``.
+
+    The rounding is done here, onto e4m3fn's grid (3 mantissa bits; spacing
+    ``2**(e-3)`` in the binade ``2**e``, ``2**-9`` below the smallest normal
+    ``2**-6``), so the cast that follows is exact: older XLA versions (jax < 0.5)
+    round a direct float32 to float8 cast differently in a few codes in a thousand.
+    """
+    _, exponent = jnp.frexp(x)  # |x| = m * 2**exponent, 0.5 <= m < 1
+    binade = jnp.maximum(exponent - 1, -6)
+    spacing = jnp.ldexp(jnp.ones_like(x), binade - 3)
+    return (jnp.round(x / spacing) * spacing).astype(FP8)
