@@ -590,6 +590,7 @@ class FusedStep:
                         f"but one has shape {tuple(x.shape)}"
                     )
         optimizer = self.compiled.optimizer
+
         # run_as_step: [Step 1] the pre-hooks, [Step 2] body: the groups as they are
         # now, checked, then the one executable, [Step 3] the post-hooks
         def body() -> jax.Array:
