@@ -15,6 +15,7 @@ the L-BFGS stays eager."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,9 +27,22 @@ import optax
 from .._parameter import Parameter
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
 from ._engine import CompiledBackend
-from ._hooks import RemovableHandle
 from ._registry import registered
 from .optimizer import Optimizer
+
+
+def _forwarded(name: str) -> Callable:
+    """`Optimizer.<name>` as a method of `CompiledOptimizer` that forwards to the optimizer
+    it runs (same signature and docstring: the hooks are the optimizer's own)."""
+    method = getattr(Optimizer, name)
+
+    @functools.wraps(method)
+    def forward(self: CompiledOptimizer, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.optimizer, name)(*args, **kwargs)
+
+    forward.__qualname__ = f"CompiledOptimizer.{name}"
+    forward.__module__ = __name__
+    return forward
 
 
 class CompiledOptimizer:
@@ -181,85 +195,12 @@ class CompiledOptimizer:
         """Whether the optimizer has stepped (read by the LR schedulers)."""
         return self.optimizer.has_stepped
 
-    def register_step_pre_hook(self, hook: Callable) -> RemovableHandle:
-        """Register a hook called before each step, compiled or fused
-        ([Optimizer.register_step_pre_hook][lucid.optim.Optimizer.register_step_pre_hook]).
-
-        Args:
-          hook: `hook(optimizer, args, kwargs) -> None | (new_args, new_kwargs)`.
-
-        Returns:
-          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
-        """
-        return self.optimizer.register_step_pre_hook(hook)
-
-    def register_step_post_hook(self, hook: Callable) -> RemovableHandle:
-        """Register a hook called after each step, compiled or fused
-        ([Optimizer.register_step_post_hook][lucid.optim.Optimizer.register_step_post_hook]).
-
-        Args:
-          hook: `hook(optimizer, args, kwargs) -> None`.
-
-        Returns:
-          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
-        """
-        return self.optimizer.register_step_post_hook(hook)
-
-    def register_state_dict_pre_hook(
-        self, hook: Callable, prepend: bool = False
-    ) -> RemovableHandle:
-        """Register a hook called before `state_dict` builds its result.
-
-        Args:
-          hook: `hook(optimizer) -> None`.
-          prepend: run it before the hooks already registered (else after).
-
-        Returns:
-          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
-        """
-        return self.optimizer.register_state_dict_pre_hook(hook, prepend)
-
-    def register_state_dict_post_hook(
-        self, hook: Callable, prepend: bool = False
-    ) -> RemovableHandle:
-        """Register a hook called on the result of `state_dict`.
-
-        Args:
-          hook: `hook(optimizer, state_dict) -> state_dict | None`.
-          prepend: run it before the hooks already registered (else after).
-
-        Returns:
-          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
-        """
-        return self.optimizer.register_state_dict_post_hook(hook, prepend)
-
-    def register_load_state_dict_pre_hook(
-        self, hook: Callable, prepend: bool = False
-    ) -> RemovableHandle:
-        """Register a hook called on what `load_state_dict` was given, before it loads.
-
-        Args:
-          hook: `hook(optimizer, state_dict) -> state_dict | None`.
-          prepend: run it before the hooks already registered (else after).
-
-        Returns:
-          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
-        """
-        return self.optimizer.register_load_state_dict_pre_hook(hook, prepend)
-
-    def register_load_state_dict_post_hook(
-        self, hook: Callable, prepend: bool = False
-    ) -> RemovableHandle:
-        """Register a hook called after `load_state_dict` has loaded.
-
-        Args:
-          hook: `hook(optimizer) -> None`.
-          prepend: run it before the hooks already registered (else after).
-
-        Returns:
-          A [RemovableHandle][lucid.optim.optimizer.RemovableHandle].
-        """
-        return self.optimizer.register_load_state_dict_post_hook(hook, prepend)
+    register_step_pre_hook = _forwarded("register_step_pre_hook")
+    register_step_post_hook = _forwarded("register_step_post_hook")
+    register_state_dict_pre_hook = _forwarded("register_state_dict_pre_hook")
+    register_state_dict_post_hook = _forwarded("register_state_dict_post_hook")
+    register_load_state_dict_pre_hook = _forwarded("register_load_state_dict_pre_hook")
+    register_load_state_dict_post_hook = _forwarded("register_load_state_dict_post_hook")
 
     def state_bytes_per_device(self) -> dict[Any, int]:
         """Bytes of optimizer state each of this process's devices holds.

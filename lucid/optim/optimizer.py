@@ -281,7 +281,7 @@ class Optimizer:
     @property
     def has_stepped(self) -> bool:
         """Whether a step (eager, compiled or fused) has run; the LR schedulers read it
-        for torch's step-order warning (torch: `optimizer._opt_called`)."""
+        for torch's step-order warning (torch's wrapped step sets a flag of its own)."""
         return self._has_stepped
 
     def run_as_step(

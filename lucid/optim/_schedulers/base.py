@@ -71,7 +71,7 @@ def per_group(name: str, optimizer: Any, value: Any) -> list[Any]:
 
 def _has_stepped(optimizer: Any) -> bool:
     """Whether `optimizer.step()` ran (lucid's optimizers record it, as torch's wrapped
-    step records `_opt_called`; a CompiledOptimizer answers for the optimizer it runs)."""
+    step sets a flag; a CompiledOptimizer answers for the optimizer it runs)."""
     return bool(getattr(optimizer, "has_stepped", False))
 
 
