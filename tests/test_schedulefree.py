@@ -80,7 +80,7 @@ def _id(case):
 class Pair:
     """The package's optimizer and lucid's, on the same problem, driven in lockstep."""
 
-    def __init__(self, name, options, dtype, *, groups=False, compiled=False):
+    def __init__(self, name, options, dtype, *, groups=False, compiled=False, fused=False):
         self.name, self.options, self.dtype = name, dict(options), dtype
         self.closure_form = name.endswith("Closure")
         init = problem()
@@ -91,6 +91,8 @@ class Pair:
         self.lopt = getattr(LOS, name)(self._params(self.p, groups), **options)
         if compiled:
             lucid.compile_optimizer(self.lopt)
+        # lucid's step as one fused executable (loss, backward, update) instead
+        self.fused = lucid.fused_step(loss_jax, self.lopt) if fused else None
 
     @staticmethod
     def _params(params, groups):
@@ -120,6 +122,10 @@ class Pair:
         else:
             self._torch_grads(skip_b)
             self.topt.step()
+            if self.fused is not None:
+                assert not skip_b, "a fused step takes every parameter's gradient"
+                self.fused(self.p)
+                return
             self._lucid_grads(skip_b)
             self.lopt.step()
 
@@ -366,14 +372,54 @@ def test_switching_modes_on_a_compiled_optimizer_does_not_recompile():
     pair.check()
 
 
-def test_fused_step_is_refused_before_anything_moves():
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", TRAIN_EVAL)
+def test_fused_step_matches_the_package(name, dtype):
+    # two groups with different lrs; fused steps, mode switches between them, and
+    # every group's k, lr_max, weight_sum advanced by each fused step as by step()
+    options = OPTIONS[name.split("ScheduleFree")[0]][1]
+    pair = Pair(name, options, dtype, groups=True, fused=True)
+    pair.train()
+    _run(pair, 3)
+    pair.eval()
+    pair.check()
+    pair.train()
+    _run(pair, 2)
+    assert pair.lopt.param_groups[1]["k"] == 5
+
+
+def test_fused_and_eager_steps_mix_and_match_the_package():
+    pair = Pair("AdamWScheduleFree", OPTIONS["AdamW"][1], "float64", fused=True)
+    pair.train()
+    fused, pair.fused = pair.fused, None
+    for use_fused in (True, False, True, True, False):
+        pair.fused = fused if use_fused else None
+        pair.step()
+        pair.check()
+
+
+@pytest.mark.parametrize("name", TRAIN_EVAL)
+def test_fused_step_outside_train_mode_raises_and_changes_nothing(name):
     w = lucid.Parameter(jnp.array([1.0, 2.0]))
-    opt = LOS.SGDScheduleFree([w], lr=0.1)
-    opt.train()
+    opt = getattr(LOS, name)([w], lr=0.1)
     fused = lucid.fused_step(lambda w: (w**2).sum(), opt)
-    with pytest.raises(RuntimeError, match="fused_step"):
+    with pytest.raises(RuntimeError, match="not in train mode"):
         fused(w)
-    assert w.data.tolist() == [1.0, 2.0] and opt.param_groups[0]["k"] == 0
+    assert w.data.tolist() == [1.0, 2.0] and opt.param_groups[0]["k"] == 0 and not opt.state
+
+
+@pytest.mark.parametrize("name", CLOSURE)
+def test_closure_forms_refuse_a_fused_step_before_anything_moves(name):
+    # the closure form's gradient is taken at y while its parameters hold x: a fused
+    # step, which takes it where the parameters are, would be another algorithm
+    w = lucid.Parameter(jnp.array([1.0, 2.0]))
+    opt = getattr(LOS, name)([w], lr=0.1)
+    fused = lucid.fused_step(lambda w: (w**2).sum(), opt)
+    with pytest.raises(RuntimeError, match="fused_step is not supported"):
+        fused(w)
+    assert w.data.tolist() == [1.0, 2.0] and opt.param_groups[0]["k"] == 0 and not opt.state
+    opt.step(lambda: lucid.backward(lambda w: (w**2).sum(), w))  # step(closure) still runs
+    assert opt.param_groups[0]["k"] == 1
 
 
 # ----------------------------------------------------------------------- checkpoints
@@ -410,7 +456,17 @@ def test_checkpoints_move_both_ways(name, mode):
 
 # ------------------------------------------------------------ random operation sequences
 
-OPERATIONS = ["step", "step", "step_skip_b", "train", "eval", "save_load", "torch_load", "compile"]
+OPERATIONS = [
+    "step",
+    "step",
+    "step_skip_b",
+    "fused_step",
+    "train",
+    "eval",
+    "save_load",
+    "torch_load",
+    "compile",
+]
 
 
 @settings(
@@ -437,7 +493,12 @@ def test_random_sequences_match_the_package(name, options, ops):
                 with pytest.raises(RuntimeError):
                     pair.lopt.step()
                 continue
+            if op == "fused_step" and pair.closure_form:
+                continue  # refused (test_closure_forms_refuse_a_fused_step...)
+            if op == "fused_step":
+                pair.fused = lucid.fused_step(loss_jax, pair.lopt)
             pair.step(skip_b=op == "step_skip_b")
+            pair.fused = None
         elif op in ("train", "eval"):
             if pair.closure_form:
                 continue
@@ -635,6 +696,7 @@ class WrapperPair(Pair):
             lucid.compile_optimizer(lbase)
         self.topt = schedulefree.ScheduleFreeWrapper(tbase, **options)
         self.lopt = LOS.ScheduleFreeWrapper(lbase, **options)
+        self.fused = None
 
 
 WRAPPER_CASES = [

@@ -533,7 +533,8 @@ class FusedStep:
         optimizer = self.compiled.optimizer
 
         # run_as_step: [Step 1] the pre-hooks, [Step 2] body: the groups as they are
-        # now, checked, then the one executable, [Step 3] the post-hooks
+        # now, checked, then the one executable, then the optimizer's end of a step,
+        # [Step 3] the post-hooks
         def body() -> jax.Array:
             groups = optimizer.begin_step()  # checks, and the writes into opt.state
             self._follow_parameters(optimizer.parameters())
@@ -548,6 +549,7 @@ class FusedStep:
                 self.has_aux,
                 self.accumulate,
             )
+            optimizer.end_step()
             return loss
 
         return optimizer.run_as_step(body)

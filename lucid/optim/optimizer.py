@@ -231,7 +231,8 @@ class Optimizer:
         `state` since the last step handed to the engine (checked first), and the groups
         read for the engine.
 
-        `step` and [FusedStep][lucid.optim.FusedStep] both begin this way.
+        `step` and [FusedStep][lucid.optim.FusedStep] both begin this way (and end
+        with `end_step`).
 
         Returns:
           One `lucid.optim._engine.Group` per parameter group, in order.
@@ -243,6 +244,28 @@ class Optimizer:
         hypers = [self._checked_hyper(group) for group in self.param_groups]
         self._apply_state_writes()
         return self.engine_groups(hypers)
+
+    def end_step(self) -> None:
+        """What every step does after the engine ran it: nothing here; a class whose
+        step also keeps host-side bookkeeping in its groups (the Schedule-Free classes'
+        `k`, `lr_max`, `weight_sum`) advances it here.
+
+        `step` and [FusedStep][lucid.optim.FusedStep] both end this way, so a fused
+        step keeps the same groups as `backward` + `step`.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> class Counted(lucid.optim.SGD):
+          ...     def end_step(self):
+          ...         for group in self.param_groups:
+          ...             group["steps"] = group.get("steps", 0) + 1
+          >>> w = lucid.Parameter(jnp.ones(2))
+          >>> opt = Counted([w], lr=0.1)
+          >>> w.grad = jnp.ones(2)
+          >>> opt.step()
+          >>> opt.param_groups[0]["steps"]
+          1
+        """
 
     def _checked_hyper(self, group: dict[str, Any]) -> Hyper:
         """``group``'s options checked as torch checks them at a step, and its
@@ -571,6 +594,7 @@ class Optimizer:
             raise NotImplementedError(f"{type(self).__name__} must implement step()")
         loss = closure() if closure is not None else None
         self._backend.step(self.begin_step())  # values edited by hand: checked first
+        self.end_step()
         return loss
 
     # ----------------------------------------------------------------- hooks

@@ -16,8 +16,6 @@ package and lucid both ways.
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +24,9 @@ import jax.numpy as jnp
 
 from ..functional import schedulefree as _sf
 from ..functional._math import lerp
-from ..functional._rule import Rule, compute_dtype
+from ..functional._rule import compute_dtype
 from ._declare import torch_optimizer
+from ._engine import Group
 from .optimizer import Optimizer
 
 __all__ = [
@@ -44,23 +43,6 @@ _NOT_TRAINING = (
     "Optimizer was not in train mode when step is called. Please insert .train() and "
     ".eval() calls on the optimizer. See documentation for details."
 )
-
-_STEPPING = threading.local()
-
-
-def _in_class_step(options: Any) -> None:
-    """A step that does not come through the class's `step()` (a fused step) would skip
-    the group bookkeeping the package does on the host: refuse it before anything moves."""
-    if not getattr(_STEPPING, "active", False):
-        raise RuntimeError(
-            "schedule-free optimizers update their groups' k, lr_max and weight_sum on the "
-            "host at every step, which fused_step does not run; use compile_optimizer(opt) "
-            "and opt.step() (one compiled executable per step) instead"
-        )
-
-
-def _class_rule(rule: Rule) -> Rule:
-    return dataclasses.replace(rule, check_at_step=_in_class_step)
 
 
 @jax.jit
@@ -103,18 +85,12 @@ class _ScheduleFree(Optimizer):
         if params:
             _assign(params, _lerp_all([p.data for p in params], zs, weights))
 
-    def _advance_groups(self) -> None:
+    def end_step(self) -> None:
+        """The package's bookkeeping after every step (`step` and a fused step alike):
+        each group's `k`, `lr_max`, `weight_sum` and `scheduled_lr` advance, also in a
+        group none of whose parameters had a gradient."""
         for group in self.param_groups:
             group.update(_sf.host_scalars(self.rule, group))
-
-    def _run_rule(self, closure: Callable[[], Any] | None) -> Any:
-        _STEPPING.active = True
-        try:
-            loss = Optimizer.step(self, closure)
-        finally:
-            _STEPPING.active = False
-        self._advance_groups()
-        return loss
 
 
 class _TrainEval(_ScheduleFree):
@@ -179,9 +155,25 @@ class _TrainEval(_ScheduleFree):
             `Exception` with the same message).
           ValueError: a gradient that does not fit its parameter (nothing has moved).
         """
+        self._check_training()
+        return Optimizer.step(self, closure)
+
+    def begin_step(self) -> list[Group]:
+        """`Optimizer.begin_step`, after the package's train-mode check (so a fused
+        step in eval mode raises as `step()` does, before anything moves).
+
+        Returns:
+          The groups for the engine.
+
+        Raises:
+          RuntimeError: the first group is not in train mode.
+        """
+        self._check_training()
+        return super().begin_step()
+
+    def _check_training(self) -> None:
         if not self.param_groups[0]["train_mode"]:
             raise RuntimeError(_NOT_TRAINING)
-        return self._run_rule(closure)
 
 
 class _Closure(_ScheduleFree):
@@ -209,12 +201,34 @@ class _Closure(_ScheduleFree):
             raise TypeError(f"{type(self).__name__}.step() requires a closure")
         saved = [(p, p.data) for group in self.param_groups for p in group["params"]]
         self._move(self.param_groups, to_eval=False)  # x -> y (z is the package's clone: p)
+        self._stepping = True
         try:
-            return self._run_rule(closure)
+            return Optimizer.step(self, closure)
         except BaseException:
             for p, value in saved:
                 p.data = value
             raise
+        finally:
+            self._stepping = False
+
+    def begin_step(self) -> list[Group]:
+        """`Optimizer.begin_step`, inside `step(closure)` only: a fused step would take
+        the gradient at x, where the closure form needs it at y, so it is refused
+        before anything moves.
+
+        Returns:
+          The groups for the engine.
+
+        Raises:
+          RuntimeError: called outside this class's `step` (a fused step).
+        """
+        if not getattr(self, "_stepping", False):
+            raise RuntimeError(
+                f"{type(self).__name__} takes each gradient at y while its parameters hold "
+                "x, so it steps only through step(closure); fused_step is not supported "
+                "(use the train/eval form, e.g. AdamWScheduleFree, with fused_step)"
+            )
+        return super().begin_step()
 
 
 def _examples(cls: str, kwargs: str, y: str, x: str) -> str:
@@ -261,7 +275,7 @@ class SGDScheduleFree(_TrainEval):
         "[0.9225, -1.845]",
         "[0.925, -1.85]",
     )
-    rule = _class_rule(_sf.SGD_SCHEDULEFREE)
+    rule = _sf.SGD_SCHEDULEFREE
 
 
 @torch_optimizer(_sf.ADAMW_SCHEDULEFREE_SIGNATURE, step_example=False, reference="schedulefree")
@@ -275,7 +289,7 @@ class AdamWScheduleFree(_TrainEval):
         "[0.845, -1.845]",
         "[0.85, -1.85]",
     )
-    rule = _class_rule(_sf.ADAMW_SCHEDULEFREE)
+    rule = _sf.ADAMW_SCHEDULEFREE
 
 
 @torch_optimizer(_sf.RADAM_SCHEDULEFREE_SIGNATURE, step_example=False, reference="schedulefree")
@@ -289,7 +303,7 @@ class RAdamScheduleFree(_TrainEval):
         "[0.9225, -1.845]",
         "[0.925, -1.85]",
     )
-    rule = _class_rule(_sf.RADAM_SCHEDULEFREE)
+    rule = _sf.RADAM_SCHEDULEFREE
 
 
 @torch_optimizer(
@@ -299,7 +313,7 @@ class SGDScheduleFreeClosure(_Closure):
     __doc__ = """`schedulefree.SGDScheduleFreeClosure`: Schedule-Free SGD whose parameters
     always hold x; `step(closure)` evaluates the gradient at y.
     """ + _closure_examples("SGDScheduleFreeClosure", "lr=0.1", "[0.72, -1.44]")
-    rule = _class_rule(_sf.SGD_SCHEDULEFREE_CLOSURE)
+    rule = _sf.SGD_SCHEDULEFREE_CLOSURE
 
 
 @torch_optimizer(
@@ -309,7 +323,7 @@ class AdamWScheduleFreeClosure(_Closure):
     __doc__ = """`schedulefree.AdamWScheduleFreeClosure`: Schedule-Free AdamW whose parameters
     always hold x; `step(closure)` evaluates the gradient at y.
     """ + _closure_examples("AdamWScheduleFreeClosure", "lr=0.1", "[0.8527, -1.8513]")
-    rule = _class_rule(_sf.ADAMW_SCHEDULEFREE_CLOSURE)
+    rule = _sf.ADAMW_SCHEDULEFREE_CLOSURE
 
 
 @torch_optimizer(
@@ -323,7 +337,7 @@ class RAdamScheduleFreeClosure(_Closure):
         "lr=0.1, silent_sgd_phase=False",
         "[0.72, -1.44]",
     )
-    rule = _class_rule(_sf.RADAM_SCHEDULEFREE_CLOSURE)
+    rule = _sf.RADAM_SCHEDULEFREE_CLOSURE
 
 
 @jax.jit
