@@ -53,11 +53,24 @@ def test_compiled_matches_torch_in_every_option(case, compile_at):
     _compare_states(ours, torch_sd, 1e-9)
 
 
+def _ulps_apart(a: np.ndarray, b: np.ndarray) -> int:
+    """The largest distance between corresponding float32 values, in units in the last
+    place (0: the same bits; +0 and -0 count as equal)."""
+
+    def ordered(x):
+        bits = np.asarray(x, np.float32).view(np.int32).astype(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+    return int(np.max(np.abs(ordered(a) - ordered(b)), initial=0))
+
+
 @pytest.mark.parametrize("case", CASES[::4], ids=case_id)
-def test_compiled_float32_equals_eager_float32_to_an_ulp(case):
-    """Same rule, same order of operations: flat buffers change nothing beyond
-    XLA's choice of vector code for a long buffer (older XLA versions fuse
-    Adadelta's update differently and move the last bit)."""
+def test_compiled_float32_equals_eager_float32_bit_for_bit(case):
+    """Same rule, same order of operations: after 10 steps the flat buffers of the
+    compiled step hold the eager step's float32 bits exactly. jax 0.4's XLA (the
+    oldest lane) contracts multiply-adds into FMAs differently in a long buffer than
+    in short arrays (measured there: up to 54 ulps after 10 steps, Adadelta and SGD
+    with dampening), so there the bound is rounding: 1e-6 relative."""
     name, options = case
     init = problem()
     eager, _ = run_shell(getattr(lucid.optim, name), options, init, "float32", steps=10)
@@ -65,7 +78,10 @@ def test_compiled_float32_equals_eager_float32_to_an_ulp(case):
         getattr(lucid.optim, name), options, init, "float32", steps=10, compile_at=0
     )
     for key in eager:
-        assert relative_error(compiled[key], eager[key]) <= 1e-6
+        if jax.__version_info__[:2] == (0, 4):
+            assert relative_error(compiled[key], eager[key]) <= 1e-6
+        else:
+            assert _ulps_apart(compiled[key], eager[key]) == 0, key
 
 
 def _params(dtype="float64"):

@@ -352,14 +352,25 @@ def test_one_cycle_refuses_to_step_past_total_steps():
     assert str(lucid_error.value) == str(torch_error.value)
 
 
-def test_get_lr_outside_step_warns_and_get_last_lr_is_a_copy():
+def test_get_lr_outside_step_warns_and_get_last_lr_is_torchs_own_list():
+    """`get_last_lr()` returns the scheduler's record itself, as torch's does (not a
+    copy): appending to it shows in the next call on both sides; an edit of the
+    group's lr does not."""
     optimizer = StandIn([{"lr": 0.1}])
     scheduler = LL.StepLR(optimizer, 2)
+    tscheduler = torch.optim.lr_scheduler.StepLR(
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), 2
+    )
     with pytest.warns(UserWarning, match="please use `get_last_lr\\(\\)`"):
         scheduler.get_lr()
-    last = scheduler.get_last_lr()
+    last, tlast = scheduler.get_last_lr(), tscheduler.get_last_lr()
     optimizer.param_groups[0]["lr"] = 5.0
-    assert last == [0.1]
+    tscheduler.optimizer.param_groups[0]["lr"] = 5.0
+    assert last == tlast == [0.1]
+    last.append(9.0)
+    tlast.append(9.0)
+    assert scheduler.get_last_lr() == tscheduler.get_last_lr() == [0.1, 9.0]
+    assert (scheduler.get_last_lr() is last) == (tscheduler.get_last_lr() is tlast) is True
 
 
 def test_lambda_state_dict_leaves_out_functions_and_keeps_callable_objects():

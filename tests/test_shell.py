@@ -225,7 +225,8 @@ def test_hand_edited_hyperparameters_take_effect_without_recompiling():
 # ---------------------------------------------------------------- checkpoints
 
 
-def _torch_state_dict_to_lucid_leaves(sd):
+def _with_torch_tensor_leaves(sd):
+    """lucid's state_dict with every state leaf a torch tensor (what torch loads)."""
     return {
         "state": {i: {n: torch.as_tensor(v) for n, v in s.items()} for i, s in sd["state"].items()},
         "param_groups": sd["param_groups"],
@@ -258,7 +259,7 @@ def test_checkpoints_move_both_ways_between_torch_and_lucid(name, options):
     # lucid -> torch: lucid's state_dict with each leaf through torch.as_tensor
     tparams2 = _torch_params({k: np.asarray(p.data) for k, p in params.items()})
     topt2 = getattr(torch.optim, name)(list(tparams2.values()), **options)
-    topt2.load_state_dict(_torch_state_dict_to_lucid_leaves(opt.state_dict()))
+    topt2.load_state_dict(_with_torch_tensor_leaves(opt.state_dict()))
     for _ in range(8):
         _torch_step(topt2, tparams2)
         _lucid_step(opt, params)

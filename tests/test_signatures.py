@@ -92,20 +92,52 @@ def test_an_unknown_keyword_raises_torchs_type_error(name):
         getattr(LF, FORMS[name])(not_an_option=1)
 
 
+def _distinct_values(defaults: list) -> list:
+    """A valid value for each positional option, different from its default and from
+    every other option's value, so that an argument bound to the wrong name shows
+    (numbers move by a small amount that keeps torch's ranges; flags and ``None`` stay)."""
+    def moved(value: float, i: int) -> float:  # towards 0 below 1, away from it above
+        if not value:
+            return (i + 1) * 1e-3
+        step = (i + 1) * 1e-3
+        return value * (1 + step) if abs(value) >= 1 else value * (1 - step)
+
+    values = []
+    for i, default in enumerate(defaults):
+        if isinstance(default, bool) or default is None or isinstance(default, str):
+            values.append(default)
+        elif isinstance(default, int):
+            values.append(default + i + 1)
+        elif isinstance(default, float):
+            values.append(moved(default, i))
+        elif isinstance(default, tuple):
+            values.append(tuple(v if v is None else moved(v, i) for v in default))
+        else:
+            values.append(default)
+    return values
+
+
 @pytest.mark.parametrize("name", FORMS)
 def test_positional_arguments_bind_as_in_torch(name):
-    """Every positional keyword given by position lands in the group under torch's name."""
+    """Every positional keyword given by position lands in the group under torch's name
+    (each given a value of its own, so two swapped positions fail)."""
     positional = [
         p
         for p in inspect.signature(getattr(torch.optim, name).__init__).parameters.values()
         if p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "params")
     ]
-    values = [p.default for p in positional]
+    values = _distinct_values([p.default for p in positional])
+    numbers = [v for v in values if not isinstance(v, bool | type(None) | str)]
+    assert len(set(map(repr, numbers))) == len(numbers) and numbers != [
+        p.default for p in positional if not isinstance(p.default, bool | type(None) | str)
+    ]
     w, tw = _param()
     ours = getattr(lucid.optim, name)([w], *values).param_groups[0]
     theirs = getattr(torch.optim, name)([tw], *values).param_groups[0]
-    for p in positional:
+    for p, value in zip(positional, values):
         assert ours[p.name] == theirs[p.name], p.name
+        if value is not None:  # None: an option torch derives (LBFGS's max_eval)
+            assert ours[p.name] == value, p.name
 
 
 def test_a_list_of_betas_is_stored_as_torchs_tuple():
