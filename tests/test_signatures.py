@@ -96,6 +96,7 @@ def _distinct_values(defaults: list) -> list:
     """A valid value for each positional option, different from its default and from
     every other option's value, so that an argument bound to the wrong name shows
     (numbers move by a small amount that keeps torch's ranges; flags and ``None`` stay)."""
+
     def moved(value: float, i: int) -> float:  # towards 0 below 1, away from it above
         if not value:
             return (i + 1) * 1e-3
