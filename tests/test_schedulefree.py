@@ -39,9 +39,19 @@ import lucid
 import lucid.functional.schedulefree as LFS
 from lucid.optim import schedulefree as LOS
 
-TRAIN_EVAL = ["SGDScheduleFree", "AdamWScheduleFree", "RAdamScheduleFree"]
+# the package's other forms: the paper's AdamW, and the Reference forms keeping x and y
+MORE = ["AdamWScheduleFreePaper", "SGDScheduleFreeReference", "AdamWScheduleFreeReference"]
+TRAIN_EVAL = ["SGDScheduleFree", "AdamWScheduleFree", "RAdamScheduleFree", *MORE]
 CLOSURE = ["SGDScheduleFreeClosure", "AdamWScheduleFreeClosure", "RAdamScheduleFreeClosure"]
 ALL = TRAIN_EVAL + CLOSURE
+FACTORY = {  # each train/eval class's pure transform
+    "SGDScheduleFree": LFS.sgd_schedulefree,
+    "AdamWScheduleFree": LFS.adamw_schedulefree,
+    "RAdamScheduleFree": LFS.radam_schedulefree,
+    "AdamWScheduleFreePaper": LFS.adamw_schedulefree_paper,
+    "SGDScheduleFreeReference": LFS.sgd_schedulefree_reference,
+    "AdamWScheduleFreeReference": LFS.adamw_schedulefree_reference,
+}
 GROUP_SCALARS = ("k", "lr_max", "weight_sum", "scheduled_lr", "train_mode")
 RTOL = {"float64": F64_RTOL, "float32": F32_RTOL_FLOOR}
 TORCH_DTYPE = {"float64": torch.float64, "float32": torch.float32}
@@ -69,7 +79,12 @@ CASES = [
     for name in ALL
     for options in OPTIONS[name.split("ScheduleFree")[0]]
     if not (name.startswith("SGD") and name.endswith("Closure") and "foreach" in options)
-] + [("SGDScheduleFreeClosure", {"lr": 0.05, "r": 1.5, "weight_lr_power": 0.0})]
+    # the other forms: the two option sets that make every option matter (small runtime)
+    if name not in MORE or len(options) > 1
+] + [
+    ("SGDScheduleFreeClosure", {"lr": 0.05, "r": 1.5, "weight_lr_power": 0.0}),
+    ("AdamWScheduleFreeReference", {"lr": 0.02, "weight_decay": 0.2, "decay_at_z": True}),
+]
 
 
 def _id(case):
@@ -181,8 +196,7 @@ def test_signatures_are_the_packages(name):
         if key not in ("self", "params"):
             assert (ours[key].kind, ours[key].default) == (theirs[key].kind, theirs[key].default)
     if not name.endswith("Closure"):
-        factory = getattr(LFS, name.split("ScheduleFree")[0].lower() + "_schedulefree")
-        fn = inspect.signature(factory).parameters
+        fn = inspect.signature(FACTORY[name]).parameters
         assert list(fn) == [k for k in theirs if k not in ("self", "params")]
         for key in fn:
             assert fn[key].default == theirs[key].default
@@ -258,6 +272,8 @@ def test_a_hyper_parameter_that_is_not_a_number_is_a_type_error():
 @pytest.mark.parametrize("name", TRAIN_EVAL)
 def test_step_outside_train_mode_raises_and_changes_nothing(name):
     pair = Pair(name, {"lr": 0.01}, "float64")
+    if pair.topt.param_groups[0]["train_mode"]:  # SGDScheduleFreeReference starts training
+        pair.eval()
     with pytest.raises(Exception, match="not in train mode") as theirs:
         pair._torch_grads(False)
         pair.topt.step()
@@ -402,6 +418,7 @@ def test_fused_and_eager_steps_mix_and_match_the_package():
 def test_fused_step_outside_train_mode_raises_and_changes_nothing(name):
     w = lucid.Parameter(jnp.array([1.0, 2.0]))
     opt = getattr(LOS, name)([w], lr=0.1)
+    opt.eval()  # SGDScheduleFreeReference starts in train mode; the others are in eval
     fused = lucid.fused_step(lambda w: (w**2).sum(), opt)
     with pytest.raises(RuntimeError, match="not in train mode"):
         fused(w)
@@ -520,11 +537,7 @@ def test_random_sequences_match_the_package(name, options, ops):
 # ------------------------------------------------------------------ the pure transforms
 
 
-FUNCTIONAL = [
-    ("SGDScheduleFree", LFS.sgd_schedulefree),
-    ("AdamWScheduleFree", LFS.adamw_schedulefree),
-    ("RAdamScheduleFree", LFS.radam_schedulefree),
-]
+FUNCTIONAL = list(FACTORY.items())
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -534,6 +547,7 @@ FUNCTIONAL = [
         (name, factory, options)
         for name, factory in FUNCTIONAL
         for options in OPTIONS[name.split("ScheduleFree")[0]]
+        if name not in MORE or len(options) > 1
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -572,6 +586,10 @@ def test_transform_matches_the_package_with_eval_params(name, factory, options, 
         assert relative_error(x[k], pair.t[k].detach().numpy()) <= rtol
         tz = pair.topt.state[pair.t[k]]["z"].numpy()
         assert relative_error(state.z[k], tz) <= rtol
+        if "Reference" in name:  # the state's x and y are the package's
+            for field in ("x", "y"):
+                want = pair.topt.state[pair.t[k]][field].numpy()
+                assert relative_error(getattr(state, field)[k], want) <= rtol
     back = LFS.train_params(x, state, momentum)
     for k in params:
         assert relative_error(back[k], params[k]) <= 10 * RTOL[dtype]
@@ -669,7 +687,9 @@ def test_every_class_is_registered_and_exported():
 
     names = {entry.name for entry in registered("schedulefree")}
     assert names == set(ALL)
-    assert set(LOS.__all__) == {*ALL, "ScheduleFreeWrapper"}
+    assert set(LOS.__all__) == {*ALL, "ScheduleFreeWrapper", "ScheduleFreeWrapperReference"}
+    # every public class of the package (it has no __all__: its capitalised names)
+    assert set(LOS.__all__) == {n for n in dir(schedulefree) if n[0].isupper()}
     assert all(
         isinstance(getattr(LOS, n)([lucid.Parameter(jnp.ones(1))]), lucid.optim.Optimizer)
         for n in ALL
@@ -827,7 +847,7 @@ def test_sharded_parameters_and_zero1_state_match_the_package(tmp_path):
     assert result.stdout.strip().endswith("OK")
 
 
-@pytest.mark.parametrize("name", TRAIN_EVAL)
+@pytest.mark.parametrize("name", [n for n in TRAIN_EVAL if n != "SGDScheduleFreeReference"])
 def test_a_group_added_later_starts_in_eval_mode_with_its_own_counters(name):
     pair = Pair(name, OPTIONS[name.split("ScheduleFree")[0]][1], "float64")
     init = problem(seed=1)
