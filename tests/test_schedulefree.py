@@ -703,8 +703,8 @@ class WrapperPair(Pair):
     """The package's wrapper around torch's SGD and lucid's around lucid's SGD (the
     package's wrapper needs a base that creates state by key, as torch's SGD does)."""
 
-    def __init__(self, base_options, options, dtype, *, compiled=False):
-        self.name, self.options, self.dtype, self.closure_form = "wrapper", options, dtype, False
+    def __init__(self, base_options, options, dtype, *, compiled=False, cls="ScheduleFreeWrapper"):
+        self.name, self.options, self.dtype, self.closure_form = cls, options, dtype, False
         init = problem()
         tdtype = TORCH_DTYPE[dtype]
         self.t = {k: torch.tensor(v, dtype=tdtype, requires_grad=True) for k, v in init.items()}
@@ -714,8 +714,8 @@ class WrapperPair(Pair):
         lbase = lucid.optim.SGD([self.p["w"], self.p["b"]], **base_options)
         if compiled:
             lucid.compile_optimizer(lbase)
-        self.topt = schedulefree.ScheduleFreeWrapper(tbase, **options)
-        self.lopt = LOS.ScheduleFreeWrapper(lbase, **options)
+        self.topt = getattr(schedulefree, cls)(tbase, **options)
+        self.lopt = getattr(LOS, cls)(lbase, **options)
         self.fused = None
 
 
@@ -787,6 +787,133 @@ def test_wrapper_works_with_any_lucid_base():
     t.grad = 2 * t.detach()
     with pytest.raises(KeyError):
         theirs.step()
+
+
+# ------------------------------------------------------- ScheduleFreeWrapperReference
+
+
+def test_wrapper_signatures_are_the_packages():
+    for name in ("ScheduleFreeWrapper", "ScheduleFreeWrapperReference"):
+        ours = inspect.signature(getattr(LOS, name).__init__).parameters
+        theirs = inspect.signature(getattr(schedulefree, name).__init__).parameters
+        assert list(ours) == list(theirs)
+        assert [p.default for p in ours.values()] == [p.default for p in theirs.values()]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", WRAPPER_CASES[1:3], ids=str)
+def test_wrapper_reference_matches_the_package(case, dtype):
+    # every parameter moves at every step, a gradient or not (the package's loop): b
+    # without a gradient still goes to z and back to the new y
+    pair = WrapperPair(*case, dtype, cls="ScheduleFreeWrapperReference")
+    with pytest.raises(RuntimeError, match="not in train mode"):
+        pair.lopt.step()
+    pair.train()
+    pair.step(skip_b=True)
+    pair.check()
+    _run(pair, 3)
+    pair.eval()
+    pair.check()
+    pair.eval()
+    pair.train()
+    pair.check()
+    _run(pair, 2)
+    assert set(pair.lopt.state[pair.p["w"]]) == set(pair.topt.state[pair.t["w"]])
+
+
+def test_wrapper_reference_checkpoints_move_both_ways_and_compile():
+    options = {"weight_decay_at_y": 0.05, "r": 1.0, "momentum": 0.8}
+    pair = WrapperPair(WRAPPER_CASES[1][0], options, "float64", cls="ScheduleFreeWrapperReference")
+    pair.train()
+    _run(pair, 3)
+    pair.eval()
+    lbase = lucid.optim.SGD([pair.p["w"], pair.p["b"]], **pair.base_options)
+    lucid.compile_optimizer(lbase)
+    fresh = LOS.ScheduleFreeWrapperReference(lbase, **options)
+    fresh.load_state_dict(pair.topt.state_dict())
+    pair.lopt = fresh
+    pair.check()
+    pair.train()
+    _run(pair, 2)
+    tbase = torch.optim.SGD([pair.t["w"], pair.t["b"]], **pair.base_options)
+    theirs = schedulefree.ScheduleFreeWrapperReference(tbase, **options)
+    theirs.load_state_dict(lucid.optim.to_torch(pair.lopt.state_dict()))
+    theirs.train_mode = True
+    pair.topt = theirs
+    pair.check()
+    _run(pair, 2)
+    with pytest.raises(ValueError, match="'x' of parameter 0"):
+        fresh.load_state_dict(
+            {"state": {0: {"x": np.zeros(3)}}, "param_groups": [{"params": [0, 1]}]}
+        )
+
+
+def test_wrapper_reference_group_added_later_needs_weight_decay_at_y():
+    # the package's wrapper writes weight_decay_at_y into the groups present at its
+    # construction; a step with a group added later raises its KeyError. lucid raises
+    # it before anything moves
+    pair = WrapperPair({"lr": 0.1}, {}, "float64", cls="ScheduleFreeWrapperReference")
+    pair.train()
+    _run(pair, 1)
+    extra_t = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    extra_p = lucid.Parameter(jnp.array([1.0, 2.0], jnp.float64))
+    pair.topt.add_param_group({"params": [extra_t]})
+    pair.lopt.add_param_group({"params": [extra_p]})
+    pair._torch_grads(False)
+    with pytest.raises(KeyError, match="weight_decay_at_y"):
+        pair.topt.step()
+    pair._lucid_grads(False)
+    before = {k: p.data for k, p in pair.p.items()}, pair.lopt.state_dict()
+    with pytest.raises(KeyError, match="weight_decay_at_y"):
+        pair.lopt.step()
+    chex.assert_trees_all_equal(
+        ({k: p.data for k, p in pair.p.items()}, pair.lopt.state_dict()), before
+    )
+    for opt in (pair.topt, pair.lopt):
+        opt.param_groups[1]["weight_decay_at_y"] = 0.0
+    extra_t.grad = torch.ones(2, dtype=torch.float64)
+    extra_p.grad = jnp.ones(2, jnp.float64)
+    pair.topt.step()
+    pair.lopt.step()
+    pair.check()
+    assert relative_error(np.asarray(extra_p.data), extra_t.detach().numpy()) <= F64_RTOL
+
+
+def test_sgd_reference_starts_in_train_mode_as_the_package():
+    # unlike every other class, the package's SGDScheduleFreeReference is made in train
+    # mode: it steps without train(), and a group added later is training too
+    pair = Pair("SGDScheduleFreeReference", OPTIONS["SGD"][1], "float64")
+    assert pair.lopt.param_groups[0]["train_mode"] is True
+    _run(pair, 2)
+    init = problem(seed=1)
+    extra_t = torch.tensor(init["w"], requires_grad=True)
+    extra_p = lucid.Parameter(jnp.asarray(init["w"]))
+    pair.topt.add_param_group({"params": [extra_t], "lr": 0.01})
+    pair.lopt.add_param_group({"params": [extra_p], "lr": 0.01})
+    assert pair.lopt.param_groups[1]["train_mode"] is True
+    for _ in range(2):
+        extra_t.grad = torch.cos(extra_t.detach())
+        extra_p.grad = jnp.cos(extra_p.data)
+        pair.step()
+        pair.check()
+    pair.eval()
+    pair.check()
+    assert relative_error(np.asarray(extra_p.data), extra_t.detach().numpy()) <= F64_RTOL
+
+
+def test_reference_forms_keep_y_in_the_state_and_take_the_gradient_at_the_parameter():
+    # the package's Reference step takes the gradient at p and the decay at its state's
+    # y: after the parameter is changed by hand in train mode, both still agree
+    for name in ("SGDScheduleFreeReference", "AdamWScheduleFreeReference"):
+        pair = Pair(name, {"lr": 0.02, "weight_decay": 0.3}, "float64")
+        pair.train()
+        _run(pair, 2)
+        with torch.no_grad():
+            pair.t["w"].mul_(0.5)
+        pair.p["w"].data = pair.p["w"].data * 0.5
+        _run(pair, 2)
+        pair.eval()
+        pair.check()
 
 
 # ------------------------------------------------------------------ sharded
