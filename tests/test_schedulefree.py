@@ -546,8 +546,8 @@ FUNCTIONAL = list(FACTORY.items())
     [
         (name, factory, options)
         for name, factory in FUNCTIONAL
-        for options in OPTIONS[name.split("ScheduleFree")[0]]
-        if name not in MORE or len(options) > 1
+        for i, options in enumerate(OPTIONS[name.split("ScheduleFree")[0]])
+        if name not in MORE or i == 1  # the other forms: the set where every option matters
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
