@@ -46,6 +46,28 @@ $\\text{rect} = \\sqrt{(\\rho_t-4)(\\rho_t-2)\\rho_\\infty /
 before that it is plain SGD with $\\text{rect} = 1$, or no step at all
 ($\\text{rect} = 0$) with `silent_sgd_phase` (the default).
 
+The package's other forms. `AdamWScheduleFreePaper` (the paper's experiments) puts the
+bias correction in the step size and none in the direction:
+$\\gamma_k = \\gamma \\cdot \\min(1, (k+1)/\\text{warmup\\_steps}) \\cdot
+\\sqrt{1-\\beta_2^{k+1}}$ (in `scheduled_lr`, `lr_max` and the weights too) and
+$d_k = g_k/(\\sqrt{v_k}+\\epsilon) + \\lambda y_k$; the rest is `AdamWScheduleFree`'s rule,
+shared. The Reference forms (`SGDScheduleFreeReference`, `AdamWScheduleFreeReference`)
+have the same scalars and keep $x$ and $y$ in the state beside $z$, forming $x$ at every
+step in the package's order (products, not lerps):
+
+$$
+\\begin{aligned}
+z &\\leftarrow z - \\gamma_k \\lambda\\, (y \\text{, or } z \\text{ with decay\\_at\\_z)}
+    \\quad\\text{(AdamW; SGD adds } \\lambda y \\text{ to the gradient)} \\\\
+z &\\leftarrow z - \\gamma_k\\, d_k, \\qquad
+x \\leftarrow (1-c_{k+1})\\, x + c_{k+1}\\, z, \\qquad
+y \\leftarrow \\beta x + (1-\\beta)\\, z
+\\end{aligned}
+$$
+
+with $d_k$ AdamW's $g_k/(\\sqrt{v_k/(1-\\beta_2^{k+1})}+\\epsilon)$ (the same code as the
+default form's) or SGD's $g_k + \\lambda y_k$; the parameters are $y$.
+
 In a pure pipeline the transforms below hold $y$ in the parameters, as the package's
 default classes do; [eval_params][lucid.functional.schedulefree.eval_params] gives $x$
 (the weights to evaluate or save) and
