@@ -6,12 +6,16 @@ exactly as the package's classes: `train()` and `eval()` move the parameters bet
 the two ($y = \\mathrm{lerp}(x, z, 1-\\beta)$, $x = \\mathrm{lerp}(y, z, 1-1/\\beta)$), the
 optimizer starts in eval mode (`train_mode=False` in every group), and `step()` outside
 train mode raises. The `...Closure` forms keep $x$ in the parameters at all times and
-evaluate the closure at $y$. The rules are `lucid.functional.schedulefree`'s.
+evaluate the closure at $y$. `AdamWScheduleFreePaper` is `AdamWScheduleFree` with the
+paper's bias correction. The Reference forms (`SGDScheduleFreeReference`,
+`AdamWScheduleFreeReference`, `ScheduleFreeWrapperReference`) keep `x` and `y` in the
+state beside `z`, and their `train()` / `eval()` copy `y` or `x` into the parameters. The
+rules are `lucid.functional.schedulefree`'s.
 
 Where the package keeps each quantity, lucid keeps it: per parameter `z` (and
-`exp_avg_sq` for the Adam forms) in the state; per group `k`, `lr_max`, `weight_sum`,
-`scheduled_lr` and `train_mode` in `param_groups`, so a state_dict moves between the
-package and lucid both ways.
+`exp_avg_sq` for the Adam forms, `x` and `y` for the Reference forms) in the state;
+per group `k`, `lr_max`, `weight_sum`, `scheduled_lr` and `train_mode` in
+`param_groups`, so a state_dict moves between the package and lucid both ways.
 """
 
 from __future__ import annotations
