@@ -39,9 +39,19 @@ import lucid
 import lucid.functional.schedulefree as LFS
 from lucid.optim import schedulefree as LOS
 
-TRAIN_EVAL = ["SGDScheduleFree", "AdamWScheduleFree", "RAdamScheduleFree"]
+# the package's other forms: the paper's AdamW, and the Reference forms keeping x and y
+MORE = ["AdamWScheduleFreePaper", "SGDScheduleFreeReference", "AdamWScheduleFreeReference"]
+TRAIN_EVAL = ["SGDScheduleFree", "AdamWScheduleFree", "RAdamScheduleFree", *MORE]
 CLOSURE = ["SGDScheduleFreeClosure", "AdamWScheduleFreeClosure", "RAdamScheduleFreeClosure"]
 ALL = TRAIN_EVAL + CLOSURE
+FACTORY = {  # each train/eval class's pure transform
+    "SGDScheduleFree": LFS.sgd_schedulefree,
+    "AdamWScheduleFree": LFS.adamw_schedulefree,
+    "RAdamScheduleFree": LFS.radam_schedulefree,
+    "AdamWScheduleFreePaper": LFS.adamw_schedulefree_paper,
+    "SGDScheduleFreeReference": LFS.sgd_schedulefree_reference,
+    "AdamWScheduleFreeReference": LFS.adamw_schedulefree_reference,
+}
 GROUP_SCALARS = ("k", "lr_max", "weight_sum", "scheduled_lr", "train_mode")
 RTOL = {"float64": F64_RTOL, "float32": F32_RTOL_FLOOR}
 TORCH_DTYPE = {"float64": torch.float64, "float32": torch.float32}
@@ -67,9 +77,16 @@ OPTIONS = {
 CASES = [
     (name, options)
     for name in ALL
-    for options in OPTIONS[name.split("ScheduleFree")[0]]
+    for i, options in enumerate(OPTIONS[name.split("ScheduleFree")[0]])
     if not (name.startswith("SGD") and name.endswith("Closure") and "foreach" in options)
-] + [("SGDScheduleFreeClosure", {"lr": 0.05, "r": 1.5, "weight_lr_power": 0.0})]
+    # the other forms share the scalars (`r`, `weight_lr_power`) with their family, so
+    # the option set that makes their own arithmetic matter is enough (small runtime)
+    if name not in MORE or i == 1
+] + [
+    ("SGDScheduleFreeClosure", {"lr": 0.05, "r": 1.5, "weight_lr_power": 0.0}),
+    ("AdamWScheduleFreeReference", {"lr": 0.02, "weight_decay": 0.2, "decay_at_z": True}),
+    ("AdamWScheduleFreePaper", {"lr": 0.02, "r": 0.5, "weight_lr_power": 1.0, "foreach": False}),
+]
 
 
 def _id(case):
@@ -181,8 +198,7 @@ def test_signatures_are_the_packages(name):
         if key not in ("self", "params"):
             assert (ours[key].kind, ours[key].default) == (theirs[key].kind, theirs[key].default)
     if not name.endswith("Closure"):
-        factory = getattr(LFS, name.split("ScheduleFree")[0].lower() + "_schedulefree")
-        fn = inspect.signature(factory).parameters
+        fn = inspect.signature(FACTORY[name]).parameters
         assert list(fn) == [k for k in theirs if k not in ("self", "params")]
         for key in fn:
             assert fn[key].default == theirs[key].default
@@ -258,6 +274,8 @@ def test_a_hyper_parameter_that_is_not_a_number_is_a_type_error():
 @pytest.mark.parametrize("name", TRAIN_EVAL)
 def test_step_outside_train_mode_raises_and_changes_nothing(name):
     pair = Pair(name, {"lr": 0.01}, "float64")
+    if pair.topt.param_groups[0]["train_mode"]:  # SGDScheduleFreeReference starts training
+        pair.eval()
     with pytest.raises(Exception, match="not in train mode") as theirs:
         pair._torch_grads(False)
         pair.topt.step()
@@ -402,6 +420,7 @@ def test_fused_and_eager_steps_mix_and_match_the_package():
 def test_fused_step_outside_train_mode_raises_and_changes_nothing(name):
     w = lucid.Parameter(jnp.array([1.0, 2.0]))
     opt = getattr(LOS, name)([w], lr=0.1)
+    opt.eval()  # SGDScheduleFreeReference starts in train mode; the others are in eval
     fused = lucid.fused_step(lambda w: (w**2).sum(), opt)
     with pytest.raises(RuntimeError, match="not in train mode"):
         fused(w)
@@ -520,11 +539,7 @@ def test_random_sequences_match_the_package(name, options, ops):
 # ------------------------------------------------------------------ the pure transforms
 
 
-FUNCTIONAL = [
-    ("SGDScheduleFree", LFS.sgd_schedulefree),
-    ("AdamWScheduleFree", LFS.adamw_schedulefree),
-    ("RAdamScheduleFree", LFS.radam_schedulefree),
-]
+FUNCTIONAL = list(FACTORY.items())
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -533,7 +548,8 @@ FUNCTIONAL = [
     [
         (name, factory, options)
         for name, factory in FUNCTIONAL
-        for options in OPTIONS[name.split("ScheduleFree")[0]]
+        for i, options in enumerate(OPTIONS[name.split("ScheduleFree")[0]])
+        if name not in MORE or i == 1  # the other forms: the set where every option matters
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -572,6 +588,10 @@ def test_transform_matches_the_package_with_eval_params(name, factory, options, 
         assert relative_error(x[k], pair.t[k].detach().numpy()) <= rtol
         tz = pair.topt.state[pair.t[k]]["z"].numpy()
         assert relative_error(state.z[k], tz) <= rtol
+        if "Reference" in name:  # the state's x and y are the package's
+            for field in ("x", "y"):
+                want = pair.topt.state[pair.t[k]][field].numpy()
+                assert relative_error(getattr(state, field)[k], want) <= rtol
     back = LFS.train_params(x, state, momentum)
     for k in params:
         assert relative_error(back[k], params[k]) <= 10 * RTOL[dtype]
@@ -669,7 +689,9 @@ def test_every_class_is_registered_and_exported():
 
     names = {entry.name for entry in registered("schedulefree")}
     assert names == set(ALL)
-    assert set(LOS.__all__) == {*ALL, "ScheduleFreeWrapper"}
+    assert set(LOS.__all__) == {*ALL, "ScheduleFreeWrapper", "ScheduleFreeWrapperReference"}
+    # every public class of the package (it has no __all__: its capitalised names)
+    assert set(LOS.__all__) == {n for n in dir(schedulefree) if n[0].isupper()}
     assert all(
         isinstance(getattr(LOS, n)([lucid.Parameter(jnp.ones(1))]), lucid.optim.Optimizer)
         for n in ALL
@@ -683,8 +705,8 @@ class WrapperPair(Pair):
     """The package's wrapper around torch's SGD and lucid's around lucid's SGD (the
     package's wrapper needs a base that creates state by key, as torch's SGD does)."""
 
-    def __init__(self, base_options, options, dtype, *, compiled=False):
-        self.name, self.options, self.dtype, self.closure_form = "wrapper", options, dtype, False
+    def __init__(self, base_options, options, dtype, *, compiled=False, cls="ScheduleFreeWrapper"):
+        self.name, self.options, self.dtype, self.closure_form = cls, options, dtype, False
         init = problem()
         tdtype = TORCH_DTYPE[dtype]
         self.t = {k: torch.tensor(v, dtype=tdtype, requires_grad=True) for k, v in init.items()}
@@ -694,8 +716,8 @@ class WrapperPair(Pair):
         lbase = lucid.optim.SGD([self.p["w"], self.p["b"]], **base_options)
         if compiled:
             lucid.compile_optimizer(lbase)
-        self.topt = schedulefree.ScheduleFreeWrapper(tbase, **options)
-        self.lopt = LOS.ScheduleFreeWrapper(lbase, **options)
+        self.topt = getattr(schedulefree, cls)(tbase, **options)
+        self.lopt = getattr(LOS, cls)(lbase, **options)
         self.fused = None
 
 
@@ -769,6 +791,133 @@ def test_wrapper_works_with_any_lucid_base():
         theirs.step()
 
 
+# ------------------------------------------------------- ScheduleFreeWrapperReference
+
+
+def test_wrapper_signatures_are_the_packages():
+    for name in ("ScheduleFreeWrapper", "ScheduleFreeWrapperReference"):
+        ours = inspect.signature(getattr(LOS, name).__init__).parameters
+        theirs = inspect.signature(getattr(schedulefree, name).__init__).parameters
+        assert list(ours) == list(theirs)
+        assert [p.default for p in ours.values()] == [p.default for p in theirs.values()]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", WRAPPER_CASES[1:3], ids=str)
+def test_wrapper_reference_matches_the_package(case, dtype):
+    # every parameter moves at every step, a gradient or not (the package's loop): b
+    # without a gradient still goes to z and back to the new y
+    pair = WrapperPair(*case, dtype, cls="ScheduleFreeWrapperReference")
+    with pytest.raises(RuntimeError, match="not in train mode"):
+        pair.lopt.step()
+    pair.train()
+    pair.step(skip_b=True)
+    pair.check()
+    _run(pair, 3)
+    pair.eval()
+    pair.check()
+    pair.eval()
+    pair.train()
+    pair.check()
+    _run(pair, 2)
+    assert set(pair.lopt.state[pair.p["w"]]) == set(pair.topt.state[pair.t["w"]])
+
+
+def test_wrapper_reference_checkpoints_move_both_ways_and_compile():
+    options = {"weight_decay_at_y": 0.05, "r": 1.0, "momentum": 0.8}
+    pair = WrapperPair(WRAPPER_CASES[1][0], options, "float64", cls="ScheduleFreeWrapperReference")
+    pair.train()
+    _run(pair, 3)
+    pair.eval()
+    lbase = lucid.optim.SGD([pair.p["w"], pair.p["b"]], **pair.base_options)
+    lucid.compile_optimizer(lbase)
+    fresh = LOS.ScheduleFreeWrapperReference(lbase, **options)
+    fresh.load_state_dict(pair.topt.state_dict())
+    pair.lopt = fresh
+    pair.check()
+    pair.train()
+    _run(pair, 2)
+    tbase = torch.optim.SGD([pair.t["w"], pair.t["b"]], **pair.base_options)
+    theirs = schedulefree.ScheduleFreeWrapperReference(tbase, **options)
+    theirs.load_state_dict(lucid.optim.to_torch(pair.lopt.state_dict()))
+    theirs.train_mode = True
+    pair.topt = theirs
+    pair.check()
+    _run(pair, 2)
+    with pytest.raises(ValueError, match="'x' of parameter 0"):
+        fresh.load_state_dict(
+            {"state": {0: {"x": np.zeros(3)}}, "param_groups": [{"params": [0, 1]}]}
+        )
+
+
+def test_wrapper_reference_group_added_later_needs_weight_decay_at_y():
+    # the package's wrapper writes weight_decay_at_y into the groups present at its
+    # construction; a step with a group added later raises its KeyError. lucid raises
+    # it before anything moves
+    pair = WrapperPair({"lr": 0.1}, {}, "float64", cls="ScheduleFreeWrapperReference")
+    pair.train()
+    _run(pair, 1)
+    extra_t = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    extra_p = lucid.Parameter(jnp.array([1.0, 2.0], jnp.float64))
+    pair.topt.add_param_group({"params": [extra_t]})
+    pair.lopt.add_param_group({"params": [extra_p]})
+    pair._torch_grads(False)
+    with pytest.raises(KeyError, match="weight_decay_at_y"):
+        pair.topt.step()
+    pair._lucid_grads(False)
+    before = {k: p.data for k, p in pair.p.items()}, pair.lopt.state_dict()
+    with pytest.raises(KeyError, match="weight_decay_at_y"):
+        pair.lopt.step()
+    chex.assert_trees_all_equal(
+        ({k: p.data for k, p in pair.p.items()}, pair.lopt.state_dict()), before
+    )
+    for opt in (pair.topt, pair.lopt):
+        opt.param_groups[1]["weight_decay_at_y"] = 0.0
+    extra_t.grad = torch.ones(2, dtype=torch.float64)
+    extra_p.grad = jnp.ones(2, jnp.float64)
+    pair.topt.step()
+    pair.lopt.step()
+    pair.check()
+    assert relative_error(np.asarray(extra_p.data), extra_t.detach().numpy()) <= F64_RTOL
+
+
+def test_sgd_reference_starts_in_train_mode_as_the_package():
+    # unlike every other class, the package's SGDScheduleFreeReference is made in train
+    # mode: it steps without train(), and a group added later is training too
+    pair = Pair("SGDScheduleFreeReference", OPTIONS["SGD"][1], "float64")
+    assert pair.lopt.param_groups[0]["train_mode"] is True
+    _run(pair, 2)
+    init = problem(seed=1)
+    extra_t = torch.tensor(init["w"], requires_grad=True)
+    extra_p = lucid.Parameter(jnp.asarray(init["w"]))
+    pair.topt.add_param_group({"params": [extra_t], "lr": 0.01})
+    pair.lopt.add_param_group({"params": [extra_p], "lr": 0.01})
+    assert pair.lopt.param_groups[1]["train_mode"] is True
+    for _ in range(2):
+        extra_t.grad = torch.cos(extra_t.detach())
+        extra_p.grad = jnp.cos(extra_p.data)
+        pair.step()
+        pair.check()
+    pair.eval()
+    pair.check()
+    assert relative_error(np.asarray(extra_p.data), extra_t.detach().numpy()) <= F64_RTOL
+
+
+def test_reference_forms_keep_y_in_the_state_and_take_the_gradient_at_the_parameter():
+    # the package's Reference step takes the gradient at p and the decay at its state's
+    # y: after the parameter is changed by hand in train mode, both still agree
+    for name in ("SGDScheduleFreeReference", "AdamWScheduleFreeReference"):
+        pair = Pair(name, {"lr": 0.02, "weight_decay": 0.3}, "float64")
+        pair.train()
+        _run(pair, 2)
+        with torch.no_grad():
+            pair.t["w"].mul_(0.5)
+        pair.p["w"].data = pair.p["w"].data * 0.5
+        _run(pair, 2)
+        pair.eval()
+        pair.check()
+
+
 # ------------------------------------------------------------------ sharded
 
 SHARDED = textwrap.dedent(
@@ -827,7 +976,7 @@ def test_sharded_parameters_and_zero1_state_match_the_package(tmp_path):
     assert result.stdout.strip().endswith("OK")
 
 
-@pytest.mark.parametrize("name", TRAIN_EVAL)
+@pytest.mark.parametrize("name", [n for n in TRAIN_EVAL if n != "SGDScheduleFreeReference"])
 def test_a_group_added_later_starts_in_eval_mode_with_its_own_counters(name):
     pair = Pair(name, OPTIONS[name.split("ScheduleFree")[0]][1], "float64")
     init = problem(seed=1)

@@ -46,6 +46,28 @@ $\\text{rect} = \\sqrt{(\\rho_t-4)(\\rho_t-2)\\rho_\\infty /
 before that it is plain SGD with $\\text{rect} = 1$, or no step at all
 ($\\text{rect} = 0$) with `silent_sgd_phase` (the default).
 
+The package's other forms. `AdamWScheduleFreePaper` (the paper's experiments) puts the
+bias correction in the step size and none in the direction:
+$\\gamma_k = \\gamma \\cdot \\min(1, (k+1)/\\text{warmup\\_steps}) \\cdot
+\\sqrt{1-\\beta_2^{k+1}}$ (in `scheduled_lr`, `lr_max` and the weights too) and
+$d_k = g_k/(\\sqrt{v_k}+\\epsilon) + \\lambda y_k$; the rest is `AdamWScheduleFree`'s rule,
+shared. The Reference forms (`SGDScheduleFreeReference`, `AdamWScheduleFreeReference`)
+have the same scalars and keep $x$ and $y$ in the state beside $z$, forming $x$ at every
+step in the package's order (products, not lerps):
+
+$$
+\\begin{aligned}
+z &\\leftarrow z - \\gamma_k \\lambda\\, (y \\text{, or } z \\text{ with decay\\_at\\_z)}
+    \\quad\\text{(AdamW; SGD adds } \\lambda y \\text{ to the gradient)} \\\\
+z &\\leftarrow z - \\gamma_k\\, d_k, \\qquad
+x \\leftarrow (1-c_{k+1})\\, x + c_{k+1}\\, z, \\qquad
+y \\leftarrow \\beta x + (1-\\beta)\\, z
+\\end{aligned}
+$$
+
+with $d_k$ AdamW's $g_k/(\\sqrt{v_k/(1-\\beta_2^{k+1})}+\\epsilon)$ (the same code as the
+default form's) or SGD's $g_k + \\lambda y_k$; the parameters are $y$.
+
 In a pure pipeline the transforms below hold $y$ in the parameters, as the package's
 default classes do; [eval_params][lucid.functional.schedulefree.eval_params] gives $x$
 (the weights to evaluate or save) and
@@ -55,6 +77,7 @@ default classes do; [eval_params][lucid.functional.schedulefree.eval_params] giv
 from __future__ import annotations
 
 import inspect
+import math
 import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -82,12 +105,16 @@ from ._signature import Arg, Example, Signature, docstring, entry
 Array = jax.Array
 
 __all__ = [
+    "ScheduleFreeReferenceState",
     "ScheduleFreeState",
     "ScheduleFreeTransformState",
     "adamw_schedulefree",
+    "adamw_schedulefree_paper",
+    "adamw_schedulefree_reference",
     "eval_params",
     "radam_schedulefree",
     "sgd_schedulefree",
+    "sgd_schedulefree_reference",
     "train_params",
 ]
 
@@ -121,6 +148,10 @@ class ScheduleFreeTransformState(NamedTuple):
       weight_sum: the sum of the averaging weights so far (the group's `weight_sum`).
       z: $z$, a pytree shaped like the parameters.
       exp_avg_sq: $v$, a pytree shaped like the parameters (`None` for SGD).
+      x: the average $x$, a pytree shaped like the parameters (the Reference forms
+        only; `None` for the others, which never form it).
+      y: $y$ as the Reference forms keep it (equal to the parameters they update);
+        `None` for the others.
     """
 
     k: Any
@@ -128,6 +159,8 @@ class ScheduleFreeTransformState(NamedTuple):
     weight_sum: Any
     z: Any
     exp_avg_sq: Any
+    x: Any = None
+    y: Any = None
 
 
 # -- the group's host scalars, as the package computes them before each step ---------------
@@ -159,6 +192,10 @@ class _Host:
     def one_minus_pow(beta: Any, t: Any) -> Any:
         return 1 - beta**t
 
+    @staticmethod
+    def sqrt(x: Any) -> Any:
+        return math.sqrt(x)
+
 
 class _Traced:
     """The same arithmetic in a jitted graph (the functional transforms); ``beta**t``
@@ -184,6 +221,10 @@ class _Traced:
     @staticmethod
     def one_minus_pow(beta: Any, t: Any) -> Any:
         return one_minus_pow(1 - beta, t)
+
+    @staticmethod
+    def sqrt(x: Any) -> Any:
+        return jnp.sqrt(x)
 
 
 def _advance(kind: str, o: Mapping[str, Any], ops: Any) -> dict[str, Any]:
@@ -218,8 +259,10 @@ def _advance(kind: str, o: Mapping[str, Any], ops: Any) -> dict[str, Any]:
     else:
         warmup = o["warmup_steps"]
         lr = o["lr"] * ops.select(k < warmup, lambda: step / warmup, lambda: 1.0)
-        if kind == "adamw":
+        if kind in ("adamw", "paper"):
             out["bias_correction2"] = ops.one_minus_pow(o["betas"][1], step)
+        if kind == "paper":  # the paper's version: the bias correction is in the step size
+            lr = lr * ops.sqrt(out["bias_correction2"])
     lr_max = ops.maximum(lr, o["lr_max"])
     weight = (step ** o["r"]) * (lr_max ** o["weight_lr_power"])
     weight_sum = o["weight_sum"] + weight
@@ -233,6 +276,10 @@ _GROUP = ("lr", "k", "lr_max", "weight_sum", "r", "weight_lr_power")
 
 
 def _kind_of(name: str) -> str:
+    """The step's family: `sgd`, `adamw`, `radam`, or `paper` (AdamW with the paper's
+    bias correction); the Reference forms are their family's."""
+    if name.endswith("Paper"):
+        return "paper"
     return {"SGD": "sgd", "AdamW": "adamw", "RAdam": "radam"}[name.split("ScheduleFree")[0]]
 
 
@@ -264,7 +311,9 @@ def _step_hyper(kind: str, closure: bool, o: Mapping[str, Any], s: Mapping[str, 
     else:
         hyper["y_lr"] = s["lr"] * (momentum * (1 - s["ckp1"]) - 1)
     if kind != "sgd":
-        hyper.update(eps=o["eps"], beta2=o["betas"][1], bias_correction2=s["bias_correction2"])
+        # the paper's version divides by √v: its bias correction is in lr (1 here: v / 1 = v)
+        correction = 1.0 if kind == "paper" else s["bias_correction2"]
+        hyper.update(eps=o["eps"], beta2=o["betas"][1], bias_correction2=correction)
     if kind == "radam":
         hyper["adaptive"] = s["adaptive"]
     return hyper
@@ -296,15 +345,22 @@ def _init_for(kind: str) -> Callable[..., ScheduleFreeState]:
     return init
 
 
+def _adam_direction(exp_avg_sq: Array, grad: Array, h: Mapping[str, Array]) -> tuple:
+    """The Adam forms' normalised gradient (every AdamW and RAdam form's, the Reference's
+    too): ``v ← β₂ v + (1-β₂) g²``, ``g / (√(v / bias_correction2) + ε)``; returns
+    ``(v, direction)``."""
+    exp_avg_sq = exp_avg_sq * h["beta2"] + h["one_minus_beta2"] * grad * grad
+    denom = jnp.sqrt(exp_avg_sq / h["bias_correction2"]) + h["eps"]
+    return exp_avg_sq, grad / denom
+
+
 def _update_for(kind: str, closure: bool) -> Callable[..., tuple[Array, ScheduleFreeState]]:
     def update(param, grad, state, h, *, use_weight_decay):
         z = param if state.started is None else state.z  # the package's clone at step 1
         exp_avg_sq = None
         d = grad
         if kind != "sgd":
-            exp_avg_sq = state.exp_avg_sq * h["beta2"] + h["one_minus_beta2"] * grad * grad
-            denom = jnp.sqrt(exp_avg_sq / h["bias_correction2"]) + h["eps"]
-            d = grad / denom
+            exp_avg_sq, d = _adam_direction(state.exp_avg_sq, grad, h)
             if kind == "radam":
                 d = jnp.where(h["adaptive"] > 0, d, grad)
         if use_weight_decay:
@@ -397,6 +453,119 @@ RADAM_SCHEDULEFREE = _rule("RAdamScheduleFree", closure=False)
 SGD_SCHEDULEFREE_CLOSURE = _rule("SGDScheduleFreeClosure", closure=True)
 ADAMW_SCHEDULEFREE_CLOSURE = _rule("AdamWScheduleFreeClosure", closure=True)
 RADAM_SCHEDULEFREE_CLOSURE = _rule("RAdamScheduleFreeClosure", closure=True)
+ADAMW_SCHEDULEFREE_PAPER = _rule("AdamWScheduleFreePaper", closure=False)
+
+
+# -- the package's Reference forms: x and y kept in the state, x formed at every step ------
+
+
+class ScheduleFreeReferenceState(NamedTuple):
+    """One parameter's state in the package's Reference forms (`SGDScheduleFreeReference`,
+    `AdamWScheduleFreeReference`), which keep all three sequences (the package's names).
+
+    Attributes:
+      z: the base optimizer's iterate $z$.
+      exp_avg_sq: $v$ (AdamW; `None` for SGD).
+      x: the average $x$ (what `eval()` copies into the parameter).
+      y: the point $y$ where the gradient is taken (what `train()` copies back).
+      started: lucid only, as `ScheduleFreeState.started`: `None` until the first step,
+        which takes $z$, $x$ and $y$ from the parameter (the package's clones).
+    """
+
+    z: Any
+    exp_avg_sq: Any
+    x: Any
+    y: Any
+    started: Any
+
+
+def _reference_hyper(kind: str, o: Mapping[str, Any], s: Mapping[str, Any]) -> dict:
+    """The Reference forms' hyper-parameters for one step (``s`` from `_advance`)."""
+    hyper = {
+        "lr": s["lr"],
+        "ckp1": s["ckp1"],
+        "momentum": _momentum(o),
+        "weight_decay": o["weight_decay"],
+    }
+    if kind != "sgd":  # AdamW's decay is z ← z - (γλ) · (y or z), γλ a host product
+        hyper.update(
+            eps=o["eps"],
+            beta2=o["betas"][1],
+            bias_correction2=s["bias_correction2"],
+            decay_lr=s["lr"] * o["weight_decay"],
+        )
+    return hyper
+
+
+def _reference_flags(o: Mapping[str, Any]) -> dict[str, Any]:
+    flags = _flags(o)
+    if "decay_at_z" in o:
+        flags["decay_at_z"] = bool(o["decay_at_z"])
+    return flags
+
+
+def _reference_split(kind: str) -> Callable[[Mapping[str, Any]], tuple[dict, dict]]:
+    def split(o: Mapping[str, Any]) -> tuple[dict, dict]:
+        values = _host_group(kind, o)
+        return _reference_hyper(kind, values, _advance(kind, values, _Host)), _reference_flags(o)
+
+    return split
+
+
+def _reference_init(kind: str) -> Callable[..., ScheduleFreeReferenceState]:
+    def init(param: Array, hyper: Mapping[str, Any], **_: Any) -> ScheduleFreeReferenceState:
+        return ScheduleFreeReferenceState(
+            z=jnp.zeros_like(param),
+            exp_avg_sq=None if kind == "sgd" else jnp.zeros_like(param),
+            x=jnp.zeros_like(param),
+            y=jnp.zeros_like(param),
+            started=None,
+        )
+
+    return init
+
+
+def _reference_update(kind: str) -> Callable[..., tuple[Array, ScheduleFreeReferenceState]]:
+    def update(param, grad, state, h, *, use_weight_decay, decay_at_z=False):
+        if state.started is None:  # the package's three clones at the first step
+            z = x = y = param
+        else:
+            z, x, y = state.z, state.x, state.y
+        exp_avg_sq = None
+        if kind == "sgd":
+            d = grad + h["weight_decay"] * y if use_weight_decay else grad  # decay at y
+            z = z - h["lr"] * d
+        else:
+            if use_weight_decay:
+                z = z - h["decay_lr"] * (z if decay_at_z else y)
+            exp_avg_sq, d = _adam_direction(state.exp_avg_sq, grad, h)
+            z = z - h["lr"] * d
+        # x.mul_(1-c).add_(z, alpha=c), then y = β x + (1-β) z: not lerps, as the package's
+        x = x * h["one_minus_ckp1"] + h["ckp1"] * z
+        y = x * h["momentum"] + h["one_minus_momentum"] * z
+        return y, ScheduleFreeReferenceState(z, exp_avg_sq, x, y, jnp.ones((), jnp.float32))
+
+    return update
+
+
+def _reference_rule(name: str) -> Rule:
+    kind = _kind_of(name)
+    return Rule(
+        name=name,
+        state=ScheduleFreeReferenceState,
+        validate=_validate_for(name),
+        split=_reference_split(kind),
+        init=_reference_init(kind),
+        update=_reference_update(kind),
+        complements=("ckp1", "momentum") + (() if kind == "sgd" else ("beta2",)),
+        scalar_state=("started",),
+        hidden={"started": 1.0},
+        supports_complex=False,
+    )
+
+
+SGD_SCHEDULEFREE_REFERENCE = _reference_rule("SGDScheduleFreeReference")
+ADAMW_SCHEDULEFREE_REFERENCE = _reference_rule("AdamWScheduleFreeReference")
 
 
 # -- signatures ---------------------------------------------------------------------------
@@ -533,6 +702,34 @@ RADAM_SCHEDULEFREE_CLOSURE_SIGNATURE = Signature(
     ),
     fixed=_CLOSURE_GROUP,
 )
+ADAMW_SCHEDULEFREE_PAPER_SIGNATURE = Signature(
+    ADAMW_SCHEDULEFREE_SIGNATURE.args,
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)"),
+    fixed=_TRAIN_GROUP,
+)
+SGD_SCHEDULEFREE_REFERENCE_SIGNATURE = Signature(
+    SGD_SCHEDULEFREE_SIGNATURE.args,
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.95, -1.9 ], dtype=float32)"),
+    fixed={**_TRAIN_GROUP, "train_mode": True},  # the package's Reference SGD starts training
+)
+DECAY_AT_Z = Arg(
+    "decay_at_z",
+    False,
+    bool,
+    "compute the weight decay at z (`z ← z - γλ z`) instead of at y (`z ← z - γλ y`).",
+)
+FOREACH_IGNORED = Arg(
+    "foreach",
+    False,
+    bool | None,
+    "accepted and ignored, and not kept in the groups (the package's Reference AdamW).",
+)
+ADAMW_SCHEDULEFREE_REFERENCE_SIGNATURE = Signature(
+    (*_ADAM_ARGS, WARMUP_STEPS, _r(0), _weight_lr_power(2), DECAY_AT_Z, FOREACH_IGNORED),
+    Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.9, -1.9], dtype=float32)"),
+    fixed=_TRAIN_GROUP,
+    complete=lambda options: {k: v for k, v in options.items() if k != "foreach"},
+)
 
 
 # -- the pure transforms ------------------------------------------------------------------
@@ -540,7 +737,8 @@ RADAM_SCHEDULEFREE_CLOSURE_SIGNATURE = Signature(
 
 def _transform(rule: Rule, kind: str, options: dict[str, Any]) -> optax.GradientTransformation:
     rule.validate(options)
-    flags = _flags(options)
+    reference = rule.state is ScheduleFreeReferenceState
+    flags = _reference_flags(options) if reference else _flags(options)
     names = ("lr", "weight_decay", "r", "weight_lr_power", "eps", "warmup_steps", "momentum")
     constants = {name: as_hyper(options[name]) for name in names if name in options}
     if "betas" in options:
@@ -554,14 +752,20 @@ def _transform(rule: Rule, kind: str, options: dict[str, Any]) -> optax.Gradient
         for p in leaves:
             check_complex(rule, p.dtype)
         wide = _wide(leaves)
+
+        def copies() -> Any:
+            return treedef.unflatten([jnp.array(p, copy=True) for p in leaves])
+
         return ScheduleFreeTransformState(
             k=jnp.zeros((), jnp.int32),
             lr_max=jnp.asarray(-1.0, wide),
             weight_sum=jnp.zeros((), wide),
-            z=treedef.unflatten([jnp.array(p, copy=True) for p in leaves]),
+            z=copies(),
             exp_avg_sq=None
             if kind == "sgd"
             else treedef.unflatten([jnp.zeros_like(p) for p in leaves]),
+            x=copies() if reference else None,
+            y=copies() if reference else None,
         )
 
     def update_fn(grads: Any, state: ScheduleFreeTransformState, params: Any = None):
@@ -572,6 +776,11 @@ def _transform(rule: Rule, kind: str, options: dict[str, Any]) -> optax.Gradient
         v_leaves = (
             [None] * len(leaves) if kind == "sgd" else treedef.flatten_up_to(state.exp_avg_sq)
         )
+        x_leaves, y_leaves = (
+            (treedef.flatten_up_to(state.x), treedef.flatten_up_to(state.y))
+            if reference
+            else ([None] * len(leaves),) * 2
+        )
         dtype = state.weight_sum.dtype
         group = {
             **constants,
@@ -581,22 +790,34 @@ def _transform(rule: Rule, kind: str, options: dict[str, Any]) -> optax.Gradient
             "weight_sum": state.weight_sum,
         }
         scalars = _advance(kind, group, _Traced)
-        step_hyper = pack(rule, _step_hyper(kind, False, group, scalars))
-        updates, zs, vs = [], [], []
-        for p, g, z, v in zip(leaves, grad_leaves, z_leaves, v_leaves):
+        if reference:
+            step_hyper = pack(rule, _reference_hyper(kind, group, scalars))
+        else:
+            step_hyper = pack(rule, _step_hyper(kind, False, group, scalars))
+        updates, zs, vs, xs, ys = [], [], [], [], []
+        one = jnp.ones((), jnp.float32)
+        for p, g, z, v, x, y in zip(leaves, grad_leaves, z_leaves, v_leaves, x_leaves, y_leaves):
             cdtype = compute_dtype(p.dtype)
-            leaf_hyper = {name: jnp.asarray(x, cdtype) for name, x in step_hyper.items()}
-            leaf_state = ScheduleFreeState(z, v, jnp.ones((), jnp.float32))
+            leaf_hyper = {name: jnp.asarray(h, cdtype) for name, h in step_hyper.items()}
+            if reference:
+                leaf_state = ScheduleFreeReferenceState(z, v, x, y, one)
+            else:
+                leaf_state = ScheduleFreeState(z, v, one)
             new_p, new_s = apply_leaf(rule, flags, leaf_hyper, p, g, leaf_state)
             updates.append(new_p - p)
             zs.append(new_s.z)
             vs.append(new_s.exp_avg_sq)
+            if reference:
+                xs.append(new_s.x)
+                ys.append(new_s.y)
         new_state = ScheduleFreeTransformState(
             k=state.k + 1,
             lr_max=jnp.asarray(scalars["lr_max"], dtype),
             weight_sum=jnp.asarray(scalars["weight_sum"], dtype),
             z=treedef.unflatten(zs),
             exp_avg_sq=None if kind == "sgd" else treedef.unflatten(vs),
+            x=treedef.unflatten(xs) if reference else None,
+            y=treedef.unflatten(ys) if reference else None,
         )
         return treedef.unflatten(updates), new_state
 
@@ -667,14 +888,43 @@ radam_schedulefree = _factory(
     "`eval_params` gives x). `foreach` is accepted and ignored.",
 )
 
+adamw_schedulefree_paper = _factory(
+    ADAMW_SCHEDULEFREE_PAPER,
+    ADAMW_SCHEDULEFREE_PAPER_SIGNATURE,
+    "adamw_schedulefree_paper",
+    "`schedulefree.AdamWScheduleFreePaper` as an optax transformation: AdamW's form with "
+    "the paper's bias correction, $\\gamma_k \\sqrt{1-\\beta_2^{k+1}}$ as the step size "
+    "(also in `lr_max` and the weights) and $g / (\\sqrt{v} + \\epsilon)$ as the "
+    "direction. The parameters are y; `eval_params` gives x. `foreach` is accepted and "
+    "ignored.",
+)
+sgd_schedulefree_reference = _factory(
+    SGD_SCHEDULEFREE_REFERENCE,
+    SGD_SCHEDULEFREE_REFERENCE_SIGNATURE,
+    "sgd_schedulefree_reference",
+    "`schedulefree.SGDScheduleFreeReference` as an optax transformation: the state keeps "
+    "x and y as well as z, and each step forms x ($x \\leftarrow (1-c)x + cz$) and "
+    "$y = \\beta x + (1-\\beta) z$, the parameters. `eval_params` gives x from the "
+    "state. `foreach` is accepted and ignored.",
+)
+adamw_schedulefree_reference = _factory(
+    ADAMW_SCHEDULEFREE_REFERENCE,
+    ADAMW_SCHEDULEFREE_REFERENCE_SIGNATURE,
+    "adamw_schedulefree_reference",
+    "`schedulefree.AdamWScheduleFreeReference` as an optax transformation: the state keeps "
+    "x and y as well as z and v; the weight decay is subtracted from z before the step, "
+    "$z \\leftarrow z - \\gamma_k\\lambda\\,(y \\text{ or, with decay\\_at\\_z, } z)$. "
+    "`eval_params` gives x from the state. `foreach` is accepted and ignored.",
+)
+
 
 def eval_params(params: Any, state: ScheduleFreeTransformState, momentum: Any) -> Any:
     """The weights to evaluate: $x = \\mathrm{lerp}(y, z, 1 - 1/\\beta)$ (the package's
-    `optimizer.eval()`).
+    `optimizer.eval()`); for a Reference form's state, which keeps $x$, a copy of it.
 
     Args:
       params: the parameters a Schedule-Free transform updates (the sequence y).
-      state: the transform's state (it holds z).
+      state: the transform's state (it holds z, and x for the Reference forms).
       momentum: β: `momentum` of `sgd_schedulefree`, `betas[0]` of the Adam forms.
 
     Returns:
@@ -691,13 +941,14 @@ def eval_params(params: Any, state: ScheduleFreeTransformState, momentum: Any) -
       >>> x["w"].round(4), LF.schedulefree.train_params(x, state, momentum=0.9)["w"].round(4)
       (Array([ 0.95, -1.9 ], dtype=float32), Array([ 0.95, -1.9 ], dtype=float32))
     """
-    return _switch(params, state, lambda beta: 1 - 1 / beta, momentum)
+    return _switch(params, state, momentum, to_eval=True)
 
 
 def train_params(params: Any, state: ScheduleFreeTransformState, momentum: Any) -> Any:
     """Back to the training sequence: $y = \\mathrm{lerp}(x, z, 1 - \\beta)$ (the package's
     `optimizer.train()`), the inverse of
-    [eval_params][lucid.functional.schedulefree.eval_params].
+    [eval_params][lucid.functional.schedulefree.eval_params]; for a Reference form's
+    state, which keeps $y$, a copy of it.
 
     Args:
       params: x, as `eval_params` returned it.
@@ -715,13 +966,17 @@ def train_params(params: Any, state: ScheduleFreeTransformState, momentum: Any) 
       >>> LF.schedulefree.train_params(params, state, momentum=0.9)["w"]
       Array([1., 1.], dtype=float32)
     """
-    return _switch(params, state, lambda beta: 1 - beta, momentum)
+    return _switch(params, state, momentum, to_eval=False)
 
 
-def _switch(params: Any, state: ScheduleFreeTransformState, weight: Callable, momentum: Any):
+def _switch(params: Any, state: ScheduleFreeTransformState, momentum: Any, to_eval: bool):
     check_same_structure(params, state.z, "schedule-free")
     _validate.scalar(momentum, "momentum", schedules=False)
-    w = weight(as_hyper(momentum))  # a Python number: computed in double, as the package
+    if state.x is not None:  # a Reference form's state holds both sequences: copy one
+        kept = state.x if to_eval else state.y
+        return jax.tree_util.tree_map(lambda p, v: jnp.asarray(v, p.dtype), params, kept)
+    beta = as_hyper(momentum)  # a Python number: the weight computed in double, as the package
+    w = 1 - 1 / beta if to_eval else 1 - beta
 
     def one(p: Array, z: Array) -> Array:
         cdtype = compute_dtype(p.dtype)

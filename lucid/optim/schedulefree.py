@@ -6,12 +6,16 @@ exactly as the package's classes: `train()` and `eval()` move the parameters bet
 the two ($y = \\mathrm{lerp}(x, z, 1-\\beta)$, $x = \\mathrm{lerp}(y, z, 1-1/\\beta)$), the
 optimizer starts in eval mode (`train_mode=False` in every group), and `step()` outside
 train mode raises. The `...Closure` forms keep $x$ in the parameters at all times and
-evaluate the closure at $y$. The rules are `lucid.functional.schedulefree`'s.
+evaluate the closure at $y$. `AdamWScheduleFreePaper` is `AdamWScheduleFree` with the
+paper's bias correction. The Reference forms (`SGDScheduleFreeReference`,
+`AdamWScheduleFreeReference`, `ScheduleFreeWrapperReference`) keep `x` and `y` in the
+state beside `z`, and their `train()` / `eval()` copy `y` or `x` into the parameters. The
+rules are `lucid.functional.schedulefree`'s.
 
 Where the package keeps each quantity, lucid keeps it: per parameter `z` (and
-`exp_avg_sq` for the Adam forms) in the state; per group `k`, `lr_max`, `weight_sum`,
-`scheduled_lr` and `train_mode` in `param_groups`, so a state_dict moves between the
-package and lucid both ways.
+`exp_avg_sq` for the Adam forms, `x` and `y` for the Reference forms) in the state;
+per group `k`, `lr_max`, `weight_sum`, `scheduled_lr` and `train_mode` in
+`param_groups`, so a state_dict moves between the package and lucid both ways.
 """
 
 from __future__ import annotations
@@ -32,11 +36,15 @@ from .optimizer import Optimizer
 __all__ = [
     "AdamWScheduleFree",
     "AdamWScheduleFreeClosure",
+    "AdamWScheduleFreePaper",
+    "AdamWScheduleFreeReference",
     "RAdamScheduleFree",
     "RAdamScheduleFreeClosure",
     "SGDScheduleFree",
     "SGDScheduleFreeClosure",
+    "SGDScheduleFreeReference",
     "ScheduleFreeWrapper",
+    "ScheduleFreeWrapperReference",
 ]
 
 _NOT_TRAINING = (
@@ -340,6 +348,88 @@ class RAdamScheduleFreeClosure(_Closure):
     rule = _sf.RADAM_SCHEDULEFREE_CLOSURE
 
 
+@torch_optimizer(
+    _sf.ADAMW_SCHEDULEFREE_PAPER_SIGNATURE, step_example=False, reference="schedulefree"
+)
+class AdamWScheduleFreePaper(_TrainEval):
+    __doc__ = """`schedulefree.AdamWScheduleFreePaper`: Schedule-Free AdamW as in the paper's
+    experiments: the bias correction $\\sqrt{1-\\beta_2^{k+1}}$ is in the step size (so
+    in `scheduled_lr`, `lr_max` and the averaging weights), and the direction is
+    $g / (\\sqrt{v} + \\epsilon)$. Otherwise `AdamWScheduleFree`: $y$ in the parameters
+    in train mode, $x$ in eval mode.
+    """ + _examples(
+        "AdamWScheduleFreePaper",
+        "lr=0.1",
+        "[0.83, -1.83]",
+        "[0.8333, -1.8333]",
+    )
+    rule = _sf.ADAMW_SCHEDULEFREE_PAPER
+
+
+class _Reference(_TrainEval):
+    """The package's Reference forms: `z`, `x` and `y` all in the state; `eval()` copies
+    each parameter's `x` into it and `train()` its `y` (no lerp)."""
+
+    def _move(self, groups: list[dict[str, Any]], to_eval: bool) -> None:
+        states = self.backend.states()
+        params, values = [], []
+        for group in groups:
+            for p in group["params"]:
+                state = states.get(p)
+                if state is not None:
+                    params.append(p)
+                    values.append(jnp.array(state.x if to_eval else state.y, copy=True))
+        if params:
+            _assign(params, values)
+
+
+def _reference_doc(name: str, prose: str) -> str:
+    return f"""`schedulefree.{name}`: {prose}
+
+    The step (per parameter, with the step size $\\gamma_k$ and the weight $c_{{k+1}}$
+    computed as for the default form):
+
+    $$
+    \\begin{{aligned}}
+    z &\\leftarrow z - \\gamma_k\\, d, \\qquad
+    x \\leftarrow (1-c_{{k+1}})\\, x + c_{{k+1}}\\, z, \\qquad
+    y \\leftarrow \\beta x + (1-\\beta)\\, z, \\qquad p \\leftarrow y
+    \\end{{aligned}}
+    $$
+
+    `x` and `y` are state entries (with `z`), as in the package, so `state_dict()` moves
+    to and from it; `eval()` copies `x` into the parameters and `train()` copies `y`
+    (the package prints a line on each switch; lucid does not).
+    """
+
+
+@torch_optimizer(
+    _sf.SGD_SCHEDULEFREE_REFERENCE_SIGNATURE, step_example=False, reference="schedulefree"
+)
+class SGDScheduleFreeReference(_Reference):
+    __doc__ = _reference_doc(
+        "SGDScheduleFreeReference",
+        "the package's simpler Schedule-Free SGD, which keeps all three sequences, with "
+        "$d = g + \\lambda y$. Unlike the other classes it starts in train mode "
+        "(`train_mode=True`), as the package's.",
+    ) + _examples("SGDScheduleFreeReference", "lr=0.1", "[0.9225, -1.845]", "[0.925, -1.85]")
+    rule = _sf.SGD_SCHEDULEFREE_REFERENCE
+
+
+@torch_optimizer(
+    _sf.ADAMW_SCHEDULEFREE_REFERENCE_SIGNATURE, step_example=False, reference="schedulefree"
+)
+class AdamWScheduleFreeReference(_Reference):
+    __doc__ = _reference_doc(
+        "AdamWScheduleFreeReference",
+        "the package's simpler Schedule-Free AdamW, which keeps all three sequences: "
+        "the weight decay first, $z \\leftarrow z - \\gamma_k\\lambda\\, y$ (or "
+        "$\\gamma_k\\lambda\\, z$ with `decay_at_z`), then $d = g / "
+        "(\\sqrt{v/(1-\\beta_2^{k+1})} + \\epsilon)$. Starts in eval mode.",
+    ) + _examples("AdamWScheduleFreeReference", "lr=0.1", "[0.845, -1.845]", "[0.85, -1.85]")
+    rule = _sf.ADAMW_SCHEDULEFREE_REFERENCE
+
+
 @jax.jit
 def _wrapper_before(params: list, zs: list, decay_z: list, decay_p: list, unextrapolate: list):
     """y -> x for every stepped parameter, after the decay at y; returns (x, new z)."""
@@ -358,7 +448,107 @@ def _wrapper_after(xs: list, zs: list, ckp1: list, extrapolate: list) -> list:
     return [lerp(lerp(x, z, c), z, e) for x, z, c, e in zip(xs, zs, ckp1, extrapolate)]
 
 
-class ScheduleFreeWrapper:
+class _Wrapper:
+    """What both wrappers share: the base optimizer's API, and the state the wrapper
+    keeps per parameter (``_kept``: `z`, and `x`, `y` for the Reference wrapper),
+    shown in `state` and `state_dict()` as the package shows it, in the base's state."""
+
+    base: Any
+    _kept: dict[str, dict[Any, jax.Array]]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The base optimizer's `param_groups` (with the wrapper's `k`, `lr_max`,
+        `weight_sum` once it has stepped)."""
+        return self.base.param_groups
+
+    @property
+    def state(self) -> dict[Any, dict[str, Any]]:
+        """The base optimizer's per-parameter state, each with the wrapper's `z` (and,
+        for the Reference wrapper, `x` and `y`): the package keeps them in the base's
+        state."""
+        merged = {p: dict(s) for p, s in self.base.state.items()}
+        for name, store in self._kept.items():
+            for p, value in store.items():
+                merged.setdefault(p, {})[name] = value
+        return merged
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """The base optimizer's `add_param_group`.
+
+        Args:
+          param_group: `{"params": [...], **options}`.
+        """
+        self.base.add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The base optimizer's `zero_grad`.
+
+        Args:
+          set_to_none: set each `.grad` to `None` (else fill it with zeros).
+        """
+        self.base.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base optimizer's `state_dict()`, each stepped parameter's entry with its `z`
+        (and `x`, `y` for the Reference wrapper).
+
+        Returns:
+          torch's format, as the package's wrapper gives it around the same torch optimizer.
+        """
+        state_dict = self.base.state_dict()
+        index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        for name, store in self._kept.items():
+            for p, value in store.items():
+                state_dict["state"].setdefault(index[p], {})[name] = jnp.array(value, copy=True)
+        state_dict["state"] = dict(sorted(state_dict["state"].items()))
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a `state_dict` (lucid's or the package's wrapper's): each `z` (and `x`,
+        `y` for the Reference wrapper) into the wrapper, the rest into the base optimizer
+        (which validates it first).
+
+        Args:
+          state_dict: what `state_dict()` returned.
+
+        Raises:
+          ValueError: the state_dict does not fit (nothing changed).
+        """
+        params = [p for g in self.param_groups for p in g["params"]]
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        if len(ids) != len(params):
+            raise ValueError("loaded state dict has a different number of parameters")
+        by_id = dict(zip(ids, params))
+        kept: dict[str, dict[Any, jax.Array]] = {name: {} for name in self._kept}
+        base_state = {}
+        for key, entry in dict(state_dict["state"]).items():
+            if key not in by_id:
+                raise ValueError(
+                    f"the state_dict holds state for parameter {key!r}, which no group lists"
+                )
+            entry = dict(entry)
+            for name in kept:
+                if name in entry:
+                    p = by_id[key]
+                    value = jnp.asarray(_to_array(entry.pop(name)), p.dtype)
+                    if value.shape != p.shape:
+                        raise ValueError(
+                            f"state {name!r} of parameter {key!r} has shape {value.shape}"
+                        )
+                    kept[name][p] = value
+            if entry:
+                base_state[key] = entry
+        self.base.load_state_dict({**state_dict, "state": base_state})
+        for name, store in self._kept.items():  # in place: the stores are aliased
+            store.clear()
+            store.update(kept[name])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base!r})"
+
+
+class ScheduleFreeWrapper(_Wrapper):
     """`schedulefree.ScheduleFreeWrapper`: any lucid optimizer made Schedule-Free.
 
     The base optimizer steps the sequence $z$; the wrapper keeps the average $x$ and the
@@ -427,85 +617,8 @@ class ScheduleFreeWrapper:
         self.r = r
         self.momentum = momentum
         self.train_mode = False
-        self._z: dict[Any, jax.Array] = {}
-
-    # -- the base optimizer's API
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The base optimizer's `param_groups` (with the wrapper's `k`, `lr_max`,
-        `weight_sum` once it has stepped)."""
-        return self.base.param_groups
-
-    @property
-    def state(self) -> dict[Any, dict[str, Any]]:
-        """The base optimizer's per-parameter state, each with the wrapper's `z` (the
-        package keeps `z` in the base's state)."""
-        merged = {p: dict(s) for p, s in self.base.state.items()}
-        for p, z in self._z.items():
-            merged.setdefault(p, {})["z"] = z
-        return merged
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """The base optimizer's `add_param_group`.
-
-        Args:
-          param_group: `{"params": [...], **options}`.
-        """
-        self.base.add_param_group(param_group)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """The base optimizer's `zero_grad`.
-
-        Args:
-          set_to_none: set each `.grad` to `None` (else fill it with zeros).
-        """
-        self.base.zero_grad(set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The base optimizer's `state_dict()`, each stepped parameter's entry with its `z`.
-
-        Returns:
-          torch's format, as the package's wrapper gives it around the same torch optimizer.
-        """
-        state_dict = self.base.state_dict()
-        index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
-        for p, z in self._z.items():
-            state_dict["state"].setdefault(index[p], {})["z"] = jnp.array(z, copy=True)
-        state_dict["state"] = dict(sorted(state_dict["state"].items()))
-        return state_dict
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a `state_dict` (lucid's or the package's wrapper's): each `z` into the
-        wrapper, the rest into the base optimizer (which validates it first).
-
-        Args:
-          state_dict: what `state_dict()` returned.
-
-        Raises:
-          ValueError: the state_dict does not fit (nothing changed).
-        """
-        params = [p for g in self.param_groups for p in g["params"]]
-        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        if len(ids) != len(params):
-            raise ValueError("loaded state dict has a different number of parameters")
-        by_id = dict(zip(ids, params))
-        zs, base_state = {}, {}
-        for key, entry in dict(state_dict["state"]).items():
-            if key not in by_id:
-                raise ValueError(
-                    f"the state_dict holds state for parameter {key!r}, which no group lists"
-                )
-            entry = dict(entry)
-            if "z" in entry:
-                p = by_id[key]
-                z = jnp.asarray(_to_array(entry.pop("z")), p.dtype)
-                if z.shape != p.shape:
-                    raise ValueError(f"state 'z' of parameter {key!r} has shape {z.shape}")
-                zs[p] = z
-            if entry:
-                base_state[key] = entry
-        self.base.load_state_dict({**state_dict, "state": base_state})
-        self._z = zs
+        self._kept = {"z": {}}
+        self._z = self._kept["z"]
 
     # -- modes and the step
     def _move(self, weight: float) -> None:
@@ -611,11 +724,196 @@ class ScheduleFreeWrapper:
             group["k"] = k + 1
         return loss
 
-    def __repr__(self) -> str:
-        return f"ScheduleFreeWrapper({self.base!r})"
-
 
 def _to_array(value: Any) -> Any:
     from .._arrays import is_torch_tensor, torch_to_numpy
 
     return torch_to_numpy(value) if is_torch_tensor(value) else value
+
+
+@jax.jit
+def _decay_at_y(zs: list, ys: list, decay: list) -> list:
+    """``z ← z - γλ_y · y`` for every parameter (the Reference wrapper's decay)."""
+    return [z - a * y for z, y, a in zip(zs, ys, decay)]
+
+
+@jax.jit
+def _reference_wrapper_after(xs: list, zs: list, ckp1: list, extrapolate: list) -> tuple:
+    """The Reference wrapper's new ``x = lerp(x, z, c)`` and ``y = lerp(x, z, 1-β)``."""
+    new_xs = [lerp(x, z, c) for x, z, c in zip(xs, zs, ckp1)]
+    return new_xs, [lerp(x, z, e) for x, z, e in zip(new_xs, zs, extrapolate)]
+
+
+class ScheduleFreeWrapperReference(_Wrapper):
+    """`schedulefree.ScheduleFreeWrapperReference`: the package's simpler wrapper, which
+    keeps $z$, $x$ and $y$ for every parameter.
+
+    At each step, for every parameter of every group (with a gradient or not, as the
+    package's): the decay at $y$, $z \\leftarrow z - \\gamma\\lambda_y\\, y$ (the group's
+    `weight_decay_at_y`), the parameter set to $z$; then one `step()` of the base
+    optimizer; then per group $\\gamma_{\\max} = \\max(\\gamma_{\\max}, \\gamma\\, d)$ (`d` a
+    group's D-Adaptation factor, 1 when absent), $w = (k+1)^r \\gamma_{\\max}^{p}$,
+    $c = w / \\sum w$, and per parameter $z \\leftarrow p$,
+    $x \\leftarrow \\mathrm{lerp}(x, z, c)$, $y = \\mathrm{lerp}(x, z, 1-\\beta)$,
+    $p \\leftarrow y$.
+    `eval()` copies $x$ into the parameters and `train()` copies $y$. The state entries
+    `z`, `x`, `y` and the groups' `weight_decay_at_y`, `k`, `lr_max`, `weight_sum` are
+    the package's, so a checkpoint moves to and from the package's wrapper around the same
+    torch optimizer.
+
+    Args:
+      base: the optimizer that steps $z$ (a lucid optimizer, compiled or not).
+      momentum: $\\beta$, the interpolation between $x$ and $z$.
+      weight_decay_at_y: $\\lambda_y$, written into every group present now as
+        `weight_decay_at_y` (a group added later must set it: the package's step reads it).
+      r: the power of the polynomial weighting `(k+1)^r`.
+      weight_lr_power: the power of `lr_max` in the averaging weights.
+
+    Attributes:
+      base: the wrapped optimizer.
+      momentum: $\\beta$.
+      weight_lr_power: the power of `lr_max` in the weights.
+      r: the polynomial weighting's power.
+      train_mode: whether the parameters hold $y$ (`False` at construction, as the
+        package's).
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
+      >>> base = lucid.optim.SGD([w], lr=0.1)
+      >>> opt = lucid.optim.schedulefree.ScheduleFreeWrapperReference(base, momentum=0.9)
+      >>> opt.train()
+      >>> for _ in range(2):
+      ...     w.grad = jnp.array([0.5, -1.0])
+      ...     opt.step()
+      >>> opt.eval()
+      >>> [round(v, 4) for v in w.data.tolist()], sorted(opt.state[w])
+      ([0.925, -1.85], ['x', 'y', 'z'])
+    """
+
+    base: Any
+    momentum: float
+    weight_lr_power: float
+    r: float
+    train_mode: bool
+
+    def __init__(
+        self,
+        base: Any,
+        momentum: float = 0.9,
+        weight_decay_at_y: float = 0.0,
+        r: float = 0,
+        weight_lr_power: float = 2,
+    ) -> None:
+        self.base = base
+        self.momentum = momentum
+        self.weight_lr_power = weight_lr_power
+        self.r = r
+        self.train_mode = False
+        self._kept = {"z": {}, "x": {}, "y": {}}
+        for group in self.param_groups:
+            group["weight_decay_at_y"] = weight_decay_at_y
+
+    def _copy_in(self, name: str) -> None:
+        store = self._kept[name]
+        params = [p for g in self.param_groups for p in g["params"] if p in store]
+        _assign(params, [jnp.array(store[p], copy=True) for p in params])
+
+    def eval(self) -> None:
+        """Switch to eval mode: each stepped parameter takes its `x`.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> base = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+          >>> opt = lucid.optim.schedulefree.ScheduleFreeWrapperReference(base)
+          >>> opt.train(); opt.eval(); opt.train_mode
+          False
+        """
+        if self.train_mode:
+            self._copy_in("x")
+        self.train_mode = False
+
+    def train(self) -> None:
+        """Switch to train mode: each stepped parameter takes its `y`.
+
+        Examples:
+          >>> import jax.numpy as jnp, lucid
+          >>> base = lucid.optim.SGD([lucid.Parameter(jnp.ones(2))], lr=0.1)
+          >>> opt = lucid.optim.schedulefree.ScheduleFreeWrapperReference(base)
+          >>> opt.train(); opt.train_mode
+          True
+        """
+        if not self.train_mode:
+            self._copy_in("y")
+        self.train_mode = True
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One Schedule-Free step around one step of the base optimizer.
+
+        Args:
+          closure: an optional function that recomputes the loss, called once first.
+
+        Returns:
+          What `closure()` returned, or `None`.
+
+        Raises:
+          RuntimeError: not in train mode (the package raises an `Exception` with the
+            same message).
+          KeyError: a group without `weight_decay_at_y` (added after the wrapper was
+            made), before anything moves; the package raises the same `KeyError`.
+          ZeroDivisionError: a group's weights sum to zero (`lr = 0` from the start), as
+            the package's.
+        """
+        if not self.train_mode:
+            raise RuntimeError(_NOT_TRAINING)
+        for i, group in enumerate(self.param_groups):
+            if "weight_decay_at_y" not in group:
+                raise KeyError(
+                    f"'weight_decay_at_y': parameter group {i} was added after the wrapper "
+                    "was made and has no 'weight_decay_at_y' (the package raises the same "
+                    "KeyError); set it in the group"
+                )
+        loss = closure() if closure is not None else None
+        zs, xs, ys = self._kept["z"], self._kept["x"], self._kept["y"]
+        for group in self.param_groups:
+            params = list(group["params"])
+            for p in params:
+                if p not in zs:
+                    for store in (zs, xs, ys):
+                        store[p] = jnp.array(p.data, copy=True)
+            if not params:
+                continue
+            wd = group["weight_decay_at_y"]
+            if wd != 0.0:
+                decay = _sf.host_float(group["lr"], "lr") * wd
+                new = _decay_at_y(
+                    [zs[p] for p in params],
+                    [ys[p] for p in params],
+                    [jnp.asarray(decay, compute_dtype(p.dtype)) for p in params],
+                )
+                zs.update(zip(params, new))
+            _assign(params, [jnp.array(zs[p], copy=True) for p in params])  # p ← z
+        self.base.step()
+        for group in self.param_groups:
+            k = group.get("k", 0)
+            lr = _sf.host_float(group["lr"], "lr") * group.get("d", 1.0)
+            lr_max = group["lr_max"] = max(lr, group.get("lr_max", 0))
+            weight = ((k + 1) ** self.r) * (lr_max**self.weight_lr_power)
+            weight_sum = group["weight_sum"] = group.get("weight_sum", 0.0) + weight
+            ckp1 = weight / weight_sum
+            params = list(group["params"])
+            if params:
+                cdtypes = [compute_dtype(p.dtype) for p in params]
+                new_zs = [p.data for p in params]
+                new_xs, new_ys = _reference_wrapper_after(
+                    [xs[p] for p in params],
+                    new_zs,
+                    [jnp.asarray(ckp1, d) for d in cdtypes],
+                    [jnp.asarray(1 - self.momentum, d) for d in cdtypes],
+                )
+                zs.update(zip(params, new_zs))
+                xs.update(zip(params, new_xs))
+                ys.update(zip(params, new_ys))
+                _assign(params, [jnp.array(y, copy=True) for y in new_ys])
+            group["k"] = k + 1
+        return loss
