@@ -203,6 +203,16 @@ def part_compiled():
                         assert len(pieces) == SHARDS, (name, where, array.sharding)
             print(f"{name} {style}: state {total} bytes, {held} per device")
 
+    # a mesh axis the parameters' mesh does not have: refused when compiling, as for
+    # elementwise rules
+    params, opt = make("bnb.Adam8bit", "zero")
+    try:
+        lucid.compile_optimizer(opt, shard_state_over="model")
+    except ValueError as error:
+        assert "no axis 'model'" in str(error), error
+    else:
+        raise AssertionError("an unknown mesh axis was accepted")
+
 
 def loss_fn(m, x):
     return (

@@ -52,8 +52,8 @@ def test_compiled_sharded_low_bit_state_is_cut_over_devices_with_the_eager_numbe
     Lion8bit, LAMB32bit, LARS32bit and torchao AdamW8bit, AdamW4bit, AdamWFp8
     (replicated parameters), and FSDP-sharded parameters for three of them: the
     eager single-device state and parameters, every state array whose first axis
-    divides by 8 in 8 pieces, and no float64 or host callback in the lowered float32
-    step programs."""
+    divides by 8 in 8 pieces, no float64 or host callback in the lowered float32
+    step programs, and a mesh axis the mesh lacks refused when compiling."""
     out = _run("compiled", tmp_path)
     assert "lowered step programs checked" in out
 
