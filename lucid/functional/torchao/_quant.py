@@ -215,7 +215,9 @@ def nearest_codes(x: Array, table: np.ndarray) -> Array:
     """
     bits, signed = (8 if table.size == 256 else 4), bool(table[0] < 0)
     shift, first, rows = _lookup(bits, signed)
-    clipped = jnp.clip(x.astype(jnp.float32), -_RANGE, _RANGE)
+    # float32 bounds: a Python float is a float64 operand of jnp.clip's own jit under x64
+    bound = np.float32(_RANGE)
+    clipped = jnp.clip(x.astype(jnp.float32), -bound, bound)
     ordinal = _ordered(jax.lax.bitcast_convert_type(clipped, jnp.int32))
     row = jnp.take(jnp.asarray(rows), (ordinal >> shift) - first, axis=0, mode="clip")
     count = row[..., 0] + (x >= row[..., 1]) + (x >= row[..., 2])

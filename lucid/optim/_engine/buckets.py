@@ -23,7 +23,7 @@ from ..._parameter import Parameter
 from ..._storage import OwnArrays
 from ...functional._rule import Rule, is_sparse
 from .flat_store import Borrowed, FlatStore, dense
-from .sharding import Axes, placement, sharded_state
+from .sharding import Axes, RowShard, placement, sharded_state
 
 
 @dataclasses.dataclass(eq=False)  # buckets compare by identity
@@ -35,12 +35,17 @@ class Bucket:
       group: the position of the parameters' group.
       state: the rule's state NamedTuple (buffers and 0-d scalars); None before a step.
       domain: the devices it lives on (None: not committed to any).
+      rows_over: for a parameter replicated over a mesh whose rule is not elementwise,
+        with ``shard_state_over``: the replicated sharding and the axes its state is
+        cut over along each array's first axis (`lucid.optim._engine.sharding.RowShard`);
+        else None.
     """
 
     store: FlatStore | Borrowed
     group: int
     state: Any
     domain: Any
+    rows_over: RowShard | None = None
 
     @property
     def partly(self) -> bool:
@@ -103,6 +108,7 @@ def build(rule: Rule, found: list[Entry], shard_state_over: Axes | None) -> list
     buckets = []
     for key, members in keyed.items():
         first = members[0]
+        rows_over = None
         if first.borrowed:
             store: Any = Borrowed(first.param)
         else:
@@ -110,6 +116,12 @@ def build(rule: Rule, found: list[Entry], shard_state_over: Axes | None) -> list
             state_sharding = None
             if shard_state_over is not None and where[0] == "replicated":
                 state_sharding = sharded_state(where[1], shard_state_over)
+            own, _, whole = placement(first.value)
+            replicated = own is not None and own[0] == "replicated"
+            if shard_state_over is not None and where[0] == "alone" and replicated:
+                # a rule over whole parameters (block-wise state): cut by rows
+                sharded_state(own[1], shard_state_over)  # checks the axes
+                rows_over = RowShard(whole, shard_state_over)
             store = FlatStore(
                 [e.param for e in members],
                 [e.value for e in members],
@@ -135,7 +147,7 @@ def build(rule: Rule, found: list[Entry], shard_state_over: Axes | None) -> list
                     for name, value in zip(first.state._fields, first.state)
                 )
             )
-        buckets.append(Bucket(store, first.group, state, device_domain(first.value)))
+        buckets.append(Bucket(store, first.group, state, device_domain(first.value), rows_over))
     for bucket in buckets:
         if isinstance(bucket.store, FlatStore):
             for index, p in enumerate(bucket.store.params):

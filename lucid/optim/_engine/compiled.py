@@ -340,7 +340,7 @@ class CompiledBackend:
             names, values, flags = groups[bucket.group].hyper
             store = bucket.store
             target = wide if store.wide else narrow
-            shard = None
+            shard: Any = bucket.rows_over  # a rule over whole parameters: by rows
             if store.state_sharding is not None:
                 length = sum(store.sizes)
                 shard = (length, store.state_length, store.state_sharding, store.sharding)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ...functional._rule import Rule, apply_leaf
+from .sharding import RowShard
 
 PROGRAMS_KEPT = 64  # distinct structures whose programs stay compiled
 
@@ -30,7 +31,8 @@ class Plan(NamedTuple):
       start: the position of the bucket's first hyper-parameter in its vector.
       names: the hyper-parameters' names, in vector order.
       shard: for sharded state (ZeRO-1), ``(length, padded length, state
-        sharding, value sharding)``; else ``None``.
+        sharding, value sharding)``, or, for a rule over whole parameters, a
+        `lucid.optim._engine.sharding.RowShard`; else ``None``.
     """
 
     flags: tuple
@@ -49,6 +51,8 @@ def _apply_sharded(rule: Rule, plan: Plan, hyper: dict, value, grad, state):
     """One bucket with sharded state (ZeRO-1): the replicated value and gradient are cut
     to the state's pieces (padded as it is), each device updates its piece, and the new
     value is gathered back to every device; the collectives are XLA's."""
+    if isinstance(plan.shard, RowShard):
+        return _apply_by_rows(rule, plan, hyper, value, grad, state)
     length, padded, over, whole = plan.shard
     constrain = jax.lax.with_sharding_constraint
 
@@ -60,6 +64,18 @@ def _apply_sharded(rule: Rule, plan: Plan, hyper: dict, value, grad, state):
     )
     new_state = jax.tree_util.tree_map(lambda s: constrain(s, over) if s.ndim else s, new_state)
     return constrain(new_value, whole)[:length], new_state
+
+
+def _apply_by_rows(rule: Rule, plan: Plan, hyper: dict, value, grad, state):
+    """A parameter alone (a rule over whole parameters: block-wise quantized state...),
+    replicated, with sharded state: the value, the gradient and every state array cut
+    along their first axis where it divides evenly (`RowShard.cut`), the rule
+    partitioned by XLA, the new value gathered back to every device."""
+    cut = functools.partial(jax.tree_util.tree_map, plan.shard.cut)
+    new_value, new_state = apply_leaf(
+        rule, dict(plan.flags), hyper, cut(value), cut(grad), cut(state)
+    )
+    return jax.lax.with_sharding_constraint(new_value, plan.shard.whole), cut(new_state)
 
 
 def apply_buckets(rule: Rule, plans: tuple, hyper32: Any, hyper64: Any, values, grads, states):

@@ -5,11 +5,20 @@ rule (ZeRO-1) is written once here and read by the compiled backend (which keeps
 state so) and by `lucid.optim.checkpoint` (which restores it so): the state of a
 parameter *replicated* over a mesh is sharded along its first axis over
 ``shard_state_over``; a parameter sharded already keeps state shaped as itself.
+
+Elementwise rules keep such state in flat buffers, padded and cut in equal pieces.
+A rule over whole parameters (``elementwise=False``: bitsandbytes' and torchao's
+block-wise quantized state, Adafactor, Muon...) keeps each parameter alone: with
+`RowShard`, its program cuts the parameter, its gradient and every state array
+along their first axis (`state_entry_sharding`, where that axis divides evenly),
+so each device updates its rows and keeps their state; XLA's partitioner does the
+rest (a reduction over the parameter, a quantization block that straddles two
+devices' rows).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -89,3 +98,24 @@ def state_entry_sharding(param_sharding: Any, shape: tuple[int, ...], axes: Axes
         if shape[0] % shard_count(state) == 0:
             return state
     return param_sharding
+
+
+class RowShard(NamedTuple):
+    """How a program shards a replicated parameter whose rule is not elementwise, and
+    its state (hashable: part of a program's key).
+
+    Attributes:
+      whole: the parameter's sharding (replicated over a mesh); the new value is
+        gathered back to it.
+      axes: ``shard_state_over``: every array of the step whose first axis divides
+        evenly over these mesh axes is cut along it (`state_entry_sharding`).
+    """
+
+    whole: NamedSharding
+    axes: Axes
+
+    def cut(self, array: jax.Array) -> jax.Array:
+        """``array`` (traced) constrained to where its state lives: along its first axis
+        over ``axes`` when that divides evenly, else replicated."""
+        where = state_entry_sharding(self.whole, tuple(array.shape), self.axes)
+        return jax.lax.with_sharding_constraint(array, where)
