@@ -193,6 +193,7 @@ MUON = Rule(
     complements=("momentum",),
     hidden={"step": 0.0},
     elementwise=False,
+    batched=True,
     check_at_step=_check_at_step,
     supports_complex=False,
     guarded=("eps",),

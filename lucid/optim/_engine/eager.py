@@ -33,7 +33,7 @@ import numpy as np
 from ..._arrays import device_domain
 from ..._parameter import Parameter
 from ..._storage import check_grad
-from ...functional._rule import Rule, apply_leaf, check_sparse_grad, compute_dtype, is_sparse
+from ...functional._rule import Rule, apply_leaves, check_sparse_grad, compute_dtype, is_sparse
 from .interface import Group
 from .programs import PROGRAMS_KEPT
 from .state import begin, packed_hyper
@@ -96,8 +96,8 @@ def group_program(
 
     def run(vector, params, grads, states):
         hyper = {name: vector[i] for i, name in enumerate(names)}
-        out = [apply_leaf(rule, options, hyper, p, g, s) for p, g, s in zip(params, grads, states)]
-        return [o[0] for o in out], [o[1] for o in out]
+        n = len(params)  # same-shaped parameters batched for a `batched` rule
+        return apply_leaves(rule, [options] * n, [hyper] * n, params, grads, states)
 
     return jax.jit(run)
 

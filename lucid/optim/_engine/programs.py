@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ...functional._rule import Rule, apply_leaf
+from ...functional._rule import Rule, apply_leaf, apply_leaves
 
 PROGRAMS_KEPT = 64  # distinct structures whose programs stay compiled
 
@@ -63,16 +63,34 @@ def _apply_sharded(rule: Rule, plan: Plan, hyper: dict, value, grad, state):
 
 
 def apply_buckets(rule: Rule, plans: tuple, hyper32: Any, hyper64: Any, values, grads, states):
-    """The rule over every bucket (traced): new values and states."""
-    new_values, new_states = [], []
-    for plan, value, grad, state in zip(plans, values, grads, states):
+    """The rule over every bucket (traced): new values and states.
+
+    Buckets with sharded state (ZeRO-1, flat buckets of an elementwise rule) are
+    updated one by one; all others go to `apply_leaves` together, which for a
+    ``batched`` rule updates same-shaped buckets (each one parameter of a rule
+    that is not elementwise) in one batched call, their hyper-parameters stacked
+    where the buckets' groups differ."""
+    n = len(plans)
+    new_values: list[Any] = [None] * n
+    new_states: list[Any] = [None] * n
+    rest = []
+    for i, (plan, value, grad, state) in enumerate(zip(plans, values, grads, states)):
         hyper = _hyper_of(plan, hyper32, hyper64)
         if plan.shard is not None:
-            new_value, new_state = _apply_sharded(rule, plan, hyper, value, grad, state)
+            new_values[i], new_states[i] = _apply_sharded(rule, plan, hyper, value, grad, state)
         else:
-            new_value, new_state = apply_leaf(rule, dict(plan.flags), hyper, value, grad, state)
-        new_values.append(new_value)
-        new_states.append(new_state)
+            rest.append((i, dict(plan.flags), hyper))
+    if rest:
+        outs = apply_leaves(
+            rule,
+            [flags for _, flags, _ in rest],
+            [hyper for _, _, hyper in rest],
+            [values[i] for i, _, _ in rest],
+            [grads[i] for i, _, _ in rest],
+            [states[i] for i, _, _ in rest],
+        )
+        for (i, _, _), new_value, new_state in zip(rest, *outs):
+            new_values[i], new_states[i] = new_value, new_state
     return new_values, new_states
 
 
