@@ -144,6 +144,46 @@ def test_the_transform_batches_each_shape_class():
         assert _dot_batches(text) == expected
 
 
+def test_where_xla_fuses_the_epilogue_otherwise_within_one_rounding_per_step():
+    """On some small float32 shapes (measured: 8x8 and 8x4) XLA:CPU fuses the last
+    Newton-Schulz product with the update ``p (1 - lr wd) - lr' O`` into one loop that
+    LLVM compiles with a fused multiply-add in one program and with two roundings in
+    the other. The iteration and the momentum buffer stay bit for bit; the parameter
+    may differ by one float32 rounding of each of the two products and of their sum
+    per step: ``|d| <= 2u (|p| + lr' |O|)`` with ``u = 2**-24`` and ``|O| <= 1.5`` (a
+    Newton-Schulz output's entries), summed over the steps (``1 - lr wd <= 1`` keeps
+    an earlier difference from growing)."""
+    shapes = {"s1": (8, 8), "s2": (8, 8), "t1": (8, 4), "t2": (8, 4)}
+    key = jax.random.PRNGKey(3)
+    params = {
+        k: jax.random.normal(jax.random.fold_in(key, i), s, jnp.float32)
+        for i, (k, s) in enumerate(shapes.items())
+    }
+    steps = 3
+    tx_options = {**DEFAULTS, **OPTIONS}
+    results = []
+    for rule in (MUON, PER_MATRIX):
+        tx = transform(rule, tx_options)
+        state, values = tx.init(params), params
+        update = jax.jit(tx.update)
+        for step in range(steps):
+            grads = {
+                k: jax.random.normal(jax.random.fold_in(key, 10 * step + i), s, jnp.float32)
+                for i, (k, s) in enumerate(shapes.items())
+            }
+            updates, state = update(grads, state, values)
+            values = optax.apply_updates(values, updates)
+        results.append((values, state))
+    (batched, batched_state), (single, single_state) = results
+    _assert_bitwise(batched_state, single_state)
+    u = 2.0**-24
+    for k, s in shapes.items():
+        adjusted = OPTIONS["lr"] * max(1.0, s[0] / s[1]) ** 0.5
+        largest = max(float(jnp.max(jnp.abs(v[k]))) for v in (params, single))
+        bound = steps * 2 * u * (largest + adjusted * 1.5)
+        assert float(jnp.max(jnp.abs(batched[k] - single[k]))) <= bound, k
+
+
 # ------------------------------------------------------- the stateful shells
 
 # group 0 and group 1 differ in lr and weight decay (same flags: their matrices batch
@@ -323,6 +363,22 @@ SHARDED = textwrap.dedent(
     init = [rng.normal(size=(4, 6)).astype(np.float32) for _ in specs]
     grads = [[rng.normal(size=(4, 6)).astype(np.float32) for _ in specs] for _ in range(2)]
 
+    from lucid.optim._engine import compiled as compiled_module
+
+    lowered = []
+    real = compiled_module.step_program
+
+    def spy(rule, plans):
+        run = real(rule, plans)
+
+        def traced(*args):
+            lowered.append(run.lower(*args).as_text())
+            return run(*args)
+
+        return traced
+
+    compiled_module.step_program = spy
+
     def run(rule, compiled):
         lucid.optim.Muon.rule = rule
         params = [lucid.Parameter(jax.device_put(v, NamedSharding(mesh, s)))
@@ -343,6 +399,11 @@ SHARDED = textwrap.dedent(
         single = run(dataclasses.replace(MUON, batched=False), compiled)
         for b, s in zip(batched, single):
             np.testing.assert_array_equal(b, s)
+    # the two matrices sharded alike are batched, the two others not: 15 batched
+    # products (3 per Newton-Schulz step) and 30 single ones; per matrix, 60 single
+    batched_dots = [t.count("batching_dims") for t in lowered]
+    all_dots = [t.count("stablehlo.dot_general") for t in lowered]
+    assert batched_dots == [15, 15, 0, 0] and all_dots == [45, 45, 60, 60], (batched_dots, all_dots)
     print("OK")
     """
 )

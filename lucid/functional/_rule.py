@@ -354,6 +354,7 @@ def apply_leaves(
     params: Sequence[Array],
     grads: Sequence[Any],
     states: Sequence[Any],
+    places: Sequence[Any] | None = None,
 ) -> tuple[list[Array], list[Any]]:
     """`apply_leaf` over many parameters, the same-shaped ones in one batched call.
 
@@ -362,7 +363,8 @@ def apply_leaves(
     ``batched``, the parameters fall into classes of equal value shape and dtype,
     gradient shape and dtype (a dense gradient), state structure (the same fields
     present, each of the same shape and dtype), static flags and hyper-parameter
-    names; each class of two or more is stacked along a new leading axis and
+    names, and placement (the sharding of a concrete value, or ``places``); each
+    class of two or more is stacked along a new leading axis and
     updated by one call of `apply_leaf` under ``jax.vmap``, then cut back into its
     parameters. A hyper-parameter that is the same for the whole class (the same
     object, or equal Python numbers) stays a scalar; one that differs between its
@@ -378,6 +380,10 @@ def apply_leaves(
       params: the parameters' values.
       grads: their gradients (dense or sparse).
       states: their states (the rule's NamedTuple each).
+      places: each value's placement, for values traced inside a jitted function
+        (where their shardings cannot be read): values placed differently are not
+        stacked, so each output keeps its input's sharding. ``None``: read from
+        the values that are concrete arrays.
 
     Returns:
       ``(new_params, new_states)``, in the order of ``params``.
@@ -401,11 +407,11 @@ def apply_leaves(
     results: list[Any] = [None] * n
     classes: dict[Any, list[int]] = {}
     for i in range(n):
-        key = (
-            _batch_key(flags[i], hypers[i], params[i], grads[i], states[i])
-            if rule.batched
-            else None
-        )
+        key = None
+        if rule.batched:
+            key = _batch_key(flags[i], hypers[i], params[i], grads[i], states[i])
+        if key is not None:
+            key = (*key, _placement(params[i]) if places is None else places[i])
         classes.setdefault(("alone", i) if key is None else key, []).append(i)
     for members in classes.values():
         if len(members) == 1:
@@ -423,6 +429,13 @@ def apply_leaves(
         for i, out in zip(members, outs):
             results[i] = out
     return [r[0] for r in results], [r[1] for r in results]
+
+
+def _placement(x: Any) -> Any:
+    """The sharding of a concrete jax array (``None`` for a traced or host array)."""
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        return x.sharding
+    return None
 
 
 def _signature(x: Any) -> tuple | None:
