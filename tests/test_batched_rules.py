@@ -69,7 +69,8 @@ def _arrays(seed: int, names=SHAPES) -> dict[str, jax.Array]:
 def _assert_bitwise(actual, expected) -> None:
     chex.assert_trees_all_equal_shapes_and_dtypes(actual, expected)
     for a, e in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected)):
-        np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(e, np.float64))
+        wide = np.complex128 if jnp.iscomplexobj(a) else np.float64
+        np.testing.assert_array_equal(np.asarray(a).astype(wide), np.asarray(e).astype(wide))
 
 
 def _dot_batches(text: str) -> collections.Counter:
