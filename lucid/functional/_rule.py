@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -81,6 +81,14 @@ class Rule:
         matrix (Adafactor's row and column statistics, Muon's Newton-Schulz
         iteration): each parameter is then updated as itself, and its state
         fields may have shapes of their own.
+      batched: (for a rule that is not elementwise) same-shaped parameters may be
+        updated in one batched call: `apply_leaves` stacks the parameters of one
+        class (shape, dtype, dense gradient, state structure, flags) along a new
+        leading axis and runs the update once under ``jax.vmap``, so Muon's
+        Newton-Schulz products over a model's matrices become one batched matrix
+        product per shape. Declare it only for an update whose numbers do not
+        change under ``jax.vmap`` (the per-parameter update is the oracle of the
+        batched one in the tests).
       check_at_step: checks torch makes at a step rather than at construction
         (Muon's ``ns_steps``), run before every step moves anything.
       guarded: options (torch's names, ``eps[0]`` for an element of a pair) the rule
@@ -110,6 +118,7 @@ class Rule:
     sparse_options: Callable[[Options], None] | None = None
 
     elementwise: bool = True
+    batched: bool = False
     storage_dtype: bool = False
     check_at_step: Callable[[Options], None] | None = None
     guarded: tuple[str, ...] = ()
@@ -338,6 +347,169 @@ def apply_leaf(
     return new_param.astype(param.dtype), _restore_dtypes(new_state, state, param.dtype)
 
 
+def apply_leaves(
+    rule: Rule,
+    flags: Sequence[Mapping[str, Any]],
+    hypers: Sequence[Mapping[str, Any]],
+    params: Sequence[Array],
+    grads: Sequence[Any],
+    states: Sequence[Any],
+    places: Sequence[Any] | None = None,
+) -> tuple[list[Array], list[Any]]:
+    """`apply_leaf` over many parameters, the same-shaped ones in one batched call.
+
+    Every form of the step (the functional transform, the eager and the compiled
+    step) updates its parameters through this function. For a rule that declares
+    ``batched``, the parameters fall into classes of equal value shape and dtype,
+    gradient shape and dtype (a dense gradient), state structure (the same fields
+    present, each of the same shape and dtype), static flags and hyper-parameter
+    names, and placement (the sharding of a concrete value, or ``places``); each
+    class of two or more is stacked along a new leading axis and
+    updated by one call of `apply_leaf` under ``jax.vmap``, then cut back into its
+    parameters. A hyper-parameter that is the same for the whole class (the same
+    object, or equal Python numbers) stays a scalar; one that differs between its
+    members (another group's ``lr``, a schedule evaluated per parameter) is
+    stacked and batched with them, so parameters of several groups share a call.
+    Everything else (a rule without ``batched``, a sparse or complex parameter, a
+    shape of its own) goes through `apply_leaf` one parameter at a time.
+
+    Args:
+      rule: the rule.
+      flags: each parameter's static options.
+      hypers: each parameter's packed, resolved hyper-parameters.
+      params: the parameters' values.
+      grads: their gradients (dense or sparse).
+      states: their states (the rule's NamedTuple each).
+      places: each value's placement, for values traced inside a jitted function
+        (where their shardings cannot be read): values placed differently are not
+        stacked, so each output keeps its input's sharding. ``None``: read from
+        the values that are concrete arrays.
+
+    Returns:
+      ``(new_params, new_states)``, in the order of ``params``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from lucid.functional._rule import apply_leaves, pack
+      >>> from lucid.functional.muon import MUON
+      >>> options = {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.9, "nesterov": True,
+      ...            "ns_coefficients": (3.4445, -4.775, 2.0315), "eps": 1e-7,
+      ...            "ns_steps": 5, "adjust_lr_fn": None}
+      >>> hyper, flags = MUON.split(options)
+      >>> params = [jnp.ones((2, 3)), jnp.zeros((2, 3))]  # one class: one batched call
+      >>> states = [MUON.init(p, hyper) for p in params]
+      >>> new, _ = apply_leaves(MUON, [flags] * 2, [pack(MUON, hyper)] * 2, params,
+      ...                       [jnp.eye(2, 3)] * 2, states)
+      >>> [p.shape for p in new]
+      [(2, 3), (2, 3)]
+    """
+    n = len(params)
+    results: list[Any] = [None] * n
+    classes: dict[Any, list[int]] = {}
+    for i in range(n):
+        key = None
+        if rule.batched:
+            key = _batch_key(flags[i], hypers[i], params[i], grads[i], states[i])
+        if key is not None:
+            key = (*key, _placement(params[i]) if places is None else places[i])
+        classes.setdefault(("alone", i) if key is None else key, []).append(i)
+    for members in classes.values():
+        if len(members) == 1:
+            i = members[0]
+            results[i] = apply_leaf(rule, flags[i], hypers[i], params[i], grads[i], states[i])
+            continue
+        outs = _apply_batched(
+            rule,
+            flags[members[0]],
+            [hypers[i] for i in members],
+            [params[i] for i in members],
+            [grads[i] for i in members],
+            [states[i] for i in members],
+        )
+        for i, out in zip(members, outs):
+            results[i] = out
+    return [r[0] for r in results], [r[1] for r in results]
+
+
+def _placement(x: Any) -> Any:
+    """The sharding of a concrete jax array (``None`` for a traced or host array)."""
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        return x.sharding
+    return None
+
+
+def _signature(x: Any) -> tuple | None:
+    """``(shape, dtype)`` of an array, ``None`` for anything else."""
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is None or dtype is None:
+        return None
+    return tuple(shape), np.dtype(dtype)
+
+
+def _batch_key(
+    flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Any, grad: Any, state: Any
+) -> tuple | None:
+    """What parameters of one batched call share, or ``None`` for one that updates alone
+    (not an array, complex, a sparse gradient, a state leaf that is not an array,
+    flags that cannot be compared)."""
+    value, gradient = _signature(param), _signature(grad)
+    if value is None or gradient is None or is_sparse(grad) or is_complex(param):
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    fields = tuple(_signature(leaf) for leaf in leaves)
+    if any(field is None for field in fields):
+        return None
+    try:
+        static = tuple(sorted(flags.items()))
+        hash(static)
+    except TypeError:
+        return None
+    return value, gradient, treedef, fields, static, tuple(sorted(hyper))
+
+
+def _same_number(values: Sequence[Any]) -> bool:
+    """Whether every value is one Python (or NumPy) number, bit for bit."""
+    first = values[0]
+    if not is_number(first):
+        return False
+    bits = float(first).hex()
+    return all(is_number(v) and float(v).hex() == bits for v in values)
+
+
+def _apply_batched(
+    rule: Rule,
+    flags: Mapping[str, Any],
+    hypers: Sequence[Mapping[str, Any]],
+    params: Sequence[Array],
+    grads: Sequence[Array],
+    states: Sequence[Any],
+) -> list[tuple[Array, Any]]:
+    """One class of `apply_leaves`: stacked, updated under ``jax.vmap``, cut back."""
+    cdtype = compute_dtype(params[0].dtype)
+    shared: dict[str, Any] = {}
+    stacked: dict[str, Array] = {}
+    for name in hypers[0]:
+        values = [h[name] for h in hypers]
+        if all(v is values[0] for v in values) or _same_number(values):
+            shared[name] = values[0]
+        else:
+            stacked[name] = jnp.stack([jnp.asarray(v, cdtype) for v in values])
+
+    def one(param: Array, grad: Array, state: Any, varying: dict[str, Array]) -> tuple:
+        return apply_leaf(rule, flags, {**shared, **varying}, param, grad, state)
+
+    new_params, new_states = jax.vmap(one)(
+        jnp.stack(params),
+        jnp.stack(grads),
+        jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states),
+        stacked,
+    )
+    return [
+        (new_params[i], jax.tree_util.tree_map(lambda x, i=i: x[i], new_states))
+        for i in range(len(params))
+    ]
+
+
 def _is_complex_field(value: Any) -> bool:
     return value is not None and jnp.ndim(value) > 0 and is_complex(value)
 
@@ -499,12 +671,14 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
             if is_sparse(g):
                 check_sparse_grad(rule, options, g, jnp.shape(p))
         leaf_states = _transpose_in(state, treedef, len(leaves))
-        updates, new_states = [], []
-        for p, g, s in zip(leaves, grad_leaves, leaf_states):
-            values = pack(rule, resolve(hyper, step_count(s), compute_dtype(p.dtype)))
-            new_p, new_s = apply_leaf(rule, flags, values, p, g, s)
-            updates.append(_delta(new_p, p))
-            new_states.append(new_s)
+        values = [
+            pack(rule, resolve(hyper, step_count(s), compute_dtype(p.dtype)))
+            for p, s in zip(leaves, leaf_states)
+        ]
+        new_params, new_states = apply_leaves(
+            rule, [flags] * len(leaves), values, leaves, grad_leaves, leaf_states
+        )
+        updates = [_delta(new_p, p) for new_p, p in zip(new_params, leaves)]
         return treedef.unflatten(updates), _transpose_out(new_states, treedef, rule.state)
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -197,6 +197,7 @@ ADAFACTOR = Rule(
     init=_init,
     update=_update,
     elementwise=False,
+    batched=True,
     storage_dtype=True,
     supports_complex=False,
     guarded=("eps[0]",),

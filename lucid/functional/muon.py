@@ -24,7 +24,11 @@ The momentum is torch's ``lerp`` (its docstring writes ``B = mu B + g``; its
 code, which this follows, averages). torch keeps only ``momentum_buffer``;
 lucid also keeps a ``step`` (hidden from the state_dict) that counts updates
 for schedules. This rule treats each parameter as a matrix, so it is not
-elementwise: the compiled step updates each parameter as itself.
+elementwise: the compiled step updates each parameter as itself. It is
+``batched``: in every form, same-shaped matrices (of one dtype, placement and
+set of static options) are stacked and updated in one ``jax.vmap``ped call, so
+each Newton-Schulz product is one batched matrix product per shape, with the
+per-matrix numbers (`lucid.functional._rule.apply_leaves`).
 """
 
 from __future__ import annotations
@@ -193,6 +197,7 @@ MUON = Rule(
     complements=("momentum",),
     hidden={"step": 0.0},
     elementwise=False,
+    batched=True,
     check_at_step=_check_at_step,
     supports_complex=False,
     guarded=("eps",),

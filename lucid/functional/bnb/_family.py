@@ -191,6 +191,7 @@ def rule(
         complements=complements,
         supports_complex=False,
         elementwise=False,
+        batched=True,
         check_at_step=check_bits if bits is None else None,
     )
 

@@ -27,15 +27,14 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from ..._arrays import device_domain
 from ..._parameter import Parameter
 from ..._storage import check_grad
-from ...functional._rule import Rule, apply_leaf, check_sparse_grad, compute_dtype, is_sparse
+from ...functional._rule import Rule, apply_leaves, check_sparse_grad, compute_dtype, is_sparse
 from .interface import Group
-from .programs import PROGRAMS_KEPT
+from .programs import PROGRAMS_KEPT, Placed
 from .state import begin, packed_hyper
 
 # XLA:CPU runs a program of fewer floating-point operations than this on the calling
@@ -91,15 +90,16 @@ def group_program(
     rule: Rule, flags: tuple[tuple[str, Any], ...], names: tuple[str, ...]
 ) -> Callable:
     """One jitted function per (rule, static flags, hyper-parameter names): the rule over
-    a list of parameters, the hyper-parameters arriving as one vector (one transfer)."""
+    a list of parameters, the hyper-parameters arriving as one vector (one transfer);
+    for a ``batched`` rule, same-shaped parameters placed alike in one batched call."""
     options = dict(flags)
 
-    def run(vector, params, grads, states):
+    def run(vector, params, grads, states, places=None):
         hyper = {name: vector[i] for i, name in enumerate(names)}
-        out = [apply_leaf(rule, options, hyper, p, g, s) for p, g, s in zip(params, grads, states)]
-        return [o[0] for o in out], [o[1] for o in out]
+        n = len(params)
+        return apply_leaves(rule, [options] * n, [hyper] * n, params, grads, states, places)
 
-    return jax.jit(run)
+    return Placed(run, 1)
 
 
 class _Batch:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ...functional._rule import Rule, apply_leaf
+from ...functional._rule import Rule, apply_leaf, apply_leaves
 from .sharding import RowShard
 
 PROGRAMS_KEPT = 64  # distinct structures whose programs stay compiled
@@ -78,17 +78,71 @@ def _apply_by_rows(rule: Rule, plan: Plan, hyper: dict, value, grad, state):
     return jax.lax.with_sharding_constraint(new_value, plan.shard.whole), cut(new_state)
 
 
-def apply_buckets(rule: Rule, plans: tuple, hyper32: Any, hyper64: Any, values, grads, states):
-    """The rule over every bucket (traced): new values and states."""
-    new_values, new_states = [], []
-    for plan, value, grad, state in zip(plans, values, grads, states):
+def placements(arrays: list) -> tuple:
+    """Each array's sharding (``None`` for one that is not a jax array): hashable, a
+    static argument of `Placed`."""
+    return tuple(getattr(a, "sharding", None) if isinstance(a, jax.Array) else None for a in arrays)
+
+
+class Placed:
+    """``jax.jit(fn)`` whose ``fn`` also receives, as the static keyword ``places``,
+    the shardings of the arrays in its positional argument ``at`` (a list): inside
+    the trace they cannot be read, and `apply_leaves` batches only values placed
+    alike, so that every output keeps its input's sharding. Called and lowered as
+    the jitted function it wraps."""
+
+    def __init__(self, fn: Callable, at: int, **jit_options: Any) -> None:
+        self._jitted = jax.jit(fn, static_argnames=("places",), **jit_options)
+        self._at = at
+
+    def __call__(self, *args: Any) -> Any:
+        return self._jitted(*args, places=placements(args[self._at]))
+
+    def lower(self, *args: Any) -> Any:
+        """The lowered program for these arguments (``jax.jit(...).lower``)."""
+        return self._jitted.lower(*args, places=placements(args[self._at]))
+
+
+def apply_buckets(
+    rule: Rule,
+    plans: tuple,
+    hyper32: Any,
+    hyper64: Any,
+    values,
+    grads,
+    states,
+    places: tuple | None = None,
+):
+    """The rule over every bucket (traced): new values and states.
+
+    Buckets with sharded state (ZeRO-1: flat buckets of an elementwise rule, or one
+    parameter of another rule with its state cut by rows) are updated one by one; all others go to `apply_leaves` together, which for a
+    ``batched`` rule updates same-shaped buckets (each one parameter of a rule
+    that is not elementwise) in one batched call, their hyper-parameters stacked
+    where the buckets' groups differ; ``places``: each bucket's value sharding
+    (`Placed`), so that only buckets placed alike are stacked."""
+    n = len(plans)
+    new_values: list[Any] = [None] * n
+    new_states: list[Any] = [None] * n
+    rest = []
+    for i, (plan, value, grad, state) in enumerate(zip(plans, values, grads, states)):
         hyper = _hyper_of(plan, hyper32, hyper64)
         if plan.shard is not None:
-            new_value, new_state = _apply_sharded(rule, plan, hyper, value, grad, state)
+            new_values[i], new_states[i] = _apply_sharded(rule, plan, hyper, value, grad, state)
         else:
-            new_value, new_state = apply_leaf(rule, dict(plan.flags), hyper, value, grad, state)
-        new_values.append(new_value)
-        new_states.append(new_state)
+            rest.append((i, dict(plan.flags), hyper))
+    if rest:
+        outs = apply_leaves(
+            rule,
+            [flags for _, flags, _ in rest],
+            [hyper for _, _, hyper in rest],
+            [values[i] for i, _, _ in rest],
+            [grads[i] for i, _, _ in rest],
+            [states[i] for i, _, _ in rest],
+            None if places is None else [places[i] for i, _, _ in rest],
+        )
+        for (i, _, _), new_value, new_state in zip(rest, *outs):
+            new_values[i], new_states[i] = new_value, new_state
     return new_values, new_states
 
 
@@ -121,10 +175,10 @@ def step_program(rule: Rule, plans: tuple[Plan, ...]) -> Callable:
     """``(hyper32, hyper64, values, grads, states) -> (values, states)``, the values and
     states donated (updated in place)."""
 
-    def step(hyper32, hyper64, values, grads, states):
-        return apply_buckets(rule, plans, hyper32, hyper64, values, grads, states)
+    def step(hyper32, hyper64, values, grads, states, places=None):
+        return apply_buckets(rule, plans, hyper32, hyper64, values, grads, states, places)
 
-    return jax.jit(step, donate_argnums=(2, 4))
+    return Placed(step, 2, donate_argnums=(2, 4))
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -154,7 +208,7 @@ def fused_program(
     static, sources, layouts, order = structure
     const_layouts = [static[3][i] for i, source in enumerate(sources) if source[0] == "const"]
 
-    def fused(hyper32, hyper64, values, states, consts, arrays, transform_state):
+    def fused(hyper32, hyper64, values, states, consts, arrays, transform_state, places=None):
         const_views = [layout.split(c) for c, layout in zip(consts, const_layouts)]
 
         def grads_of(bucket_views, arrays):
@@ -203,8 +257,10 @@ def fused_program(
             for (b, i), grad in zip(order, grads_list):
                 view_grads[b][i] = grad
         grads = [layout.join(g) for g, layout in zip(view_grads, layouts)]
-        new_values, new_states = apply_buckets(rule, plans, hyper32, hyper64, values, grads, states)
+        new_values, new_states = apply_buckets(
+            rule, plans, hyper32, hyper64, values, grads, states, places
+        )
         out = (loss, aux) if has_aux else loss
         return out, new_values, new_states, transform_state
 
-    return jax.jit(fused, donate_argnums=(2, 3))
+    return Placed(fused, 2, donate_argnums=(2, 3))
