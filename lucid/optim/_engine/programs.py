@@ -116,11 +116,12 @@ def apply_buckets(
     """The rule over every bucket (traced): new values and states.
 
     Buckets with sharded state (ZeRO-1: flat buckets of an elementwise rule, or one
-    parameter of another rule with its state cut by rows) are updated one by one; all others go to `apply_leaves` together, which for a
-    ``batched`` rule updates same-shaped buckets (each one parameter of a rule
-    that is not elementwise) in one batched call, their hyper-parameters stacked
-    where the buckets' groups differ; ``places``: each bucket's value sharding
-    (`Placed`), so that only buckets placed alike are stacked."""
+    parameter of another rule with its state cut by rows) are updated one by one;
+    all others go to `apply_leaves` together, which for a ``batched`` rule updates
+    same-shaped buckets (each one parameter of a rule that is not elementwise) in
+    one batched call, their hyper-parameters stacked where the buckets' groups
+    differ; ``places``: each bucket's value sharding (`Placed`), so that only
+    buckets placed alike are stacked."""
     n = len(plans)
     new_values: list[Any] = [None] * n
     new_states: list[Any] = [None] * n
