@@ -87,6 +87,12 @@ class Module:
             elif name is not None:
                 body.append(line)
         self.frames = self._frames(text)
+        self.lines = {}  # instruction name -> its line, over every computation
+        for body in self.computations.values():
+            for line in body:
+                match = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = ", line)
+                if match:
+                    self.lines.setdefault(match.group(1), line)
 
     @staticmethod
     def _frames(text: str) -> dict[int, list[tuple[str, str]]]:
@@ -136,17 +142,10 @@ class Module:
                 out.append((match.group(1), match.group(2), kind.group(1) if kind else ""))
         return out
 
-    def line_of(self, name: str) -> str:
-        for body in (self.computations[self.entry], *self.computations.values()):
-            for line in body:
-                if re.match(rf"\s*(?:ROOT )?%{re.escape(name)} = ", line):
-                    return line
-        return ""
-
     def sources(self, name: str) -> set[str]:
         """The sources of an entry op: its own metadata and, for a fusion, that of
         every op it calls."""
-        line = self.line_of(name)
+        line = self.lines.get(name, "")
         lines, todo, seen = [line], re.findall(r"calls=%([\w.\-]+)", line), set()
         while todo:
             called = todo.pop()
@@ -173,7 +172,9 @@ def source_of(line: str, frames: dict) -> str | None:
     for file, function in chain:
         file = file.replace(os.sep, "/")
         if file.endswith("benchmarks/analyze_whole_iteration.py") and function != "<module>":
-            if function in ("loss_fn", "stacked_loss") or "<genexpr>" in function:
+            if function in ("loss_fn", "stacked_loss", "separate", "stacked") or (
+                "<genexpr>" in function
+            ):  # the loss, or jax.value_and_grad's own ops around it (the references)
                 return "loss backward" if "transpose(" in op_name else "loss forward"
             continue
         if file.endswith("_engine/layout.py"):
@@ -312,6 +313,24 @@ def analyze(name: str, make, warmup: int) -> dict:
 SOURCES = ("loss forward", "loss backward", "views", "join", "update", "hyper", "other")
 
 
+GROUPS = ("user's loss", "lucid views", "lucid join", "optimizer", "copies", "other")
+
+
+def group_of(opcode: str, sources: set[str], line: str) -> str:
+    """The summary's column of one kernel."""
+    if sources & {"loss forward", "loss backward"}:
+        return "user's loss"
+    if "views" in sources:
+        return "lucid views"
+    if "join" in sources:
+        return "lucid join"
+    if sources & {"update", "hyper"}:
+        return "optimizer"
+    if opcode == "copy":
+        return "copies"
+    return "other"
+
+
 def report(results: list[dict]) -> None:
     print()
     print("Executables per iteration (profiled) and device kernels (GPU profile only):")
@@ -343,10 +362,29 @@ def report(results: list[dict]) -> None:
             by_source = collections.Counter()
             for name, opcode, kind in module.kernels():
                 label = "+".join(s for s in SOURCES if s in module.sources(name))
+                if opcode == "copy" and label == "other":  # one XLA inserted: of what
+                    operand = re.search(r" copy\(%([\w.\-]+)\)", module.lines.get(name, ""))
+                    operand = re.sub(r"\d+", "N", operand.group(1)) if operand else "?"
+                    label = f"copy of {operand.removesuffix('.N')}"
                 by_source[f"{label} [{opcode}{'/' + kind if kind else ''}]"] += 1
             print(f"  {r['name']} / {module_name}:")
             for label, count in sorted(by_source.items(), key=lambda kv: -kv[1]):
                 print(f"      {count:6d}  {label}")
+    print()
+    print("Summary, kernels per iteration by who asked for them (every executable):")
+    print(f"  {'way':18s} " + " ".join(f"{x:>14s}" for x in ("total", *GROUPS)))
+    for r in results:
+        groups = collections.Counter()
+        for module in r["modules"].values():
+            for name, opcode, _ in module.kernels():
+                groups[group_of(opcode, module.sources(name), module.lines.get(name, ""))] += 1
+        cells = " ".join(f"{groups[x]:14d}" for x in GROUPS)
+        print(f"  {r['name']:18s} {sum(groups.values()):14d} {cells}")
+    print(
+        "  (user's loss: an op of the loss, forward or backward, a view or gradient piece fused"
+        " into it included;\n   views / join: lucid's slices of flat buffers and concatenation"
+        " of gradients; copies: XLA's,\n   of the operand named in the listing above)"
+    )
     if any(r["profile"] and r["profile"][1] for r in results):
         print()
         print("Device kernels of one iteration, by name (the 8 most frequent prefixes):")
