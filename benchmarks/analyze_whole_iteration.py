@@ -18,7 +18,9 @@ runs a few iterations with XLA's HLO dump on, profiles one more, and prints
 - on a GPU, the device kernels the profile recorded for one iteration.
 
 The ways: ``backward+compiled`` (``lucid.backward`` then the compiled step),
-``fused`` (``lucid.fused_step``), and two references that use no lucid at all:
+``fused`` (``lucid.fused_step``), ``fused-stacked`` (``fused_step`` over one
+``(n, size)`` Parameter and the batched loss ``sum(P * C)``: the same numbers, had the
+model stacked its tensors), and two references that use no lucid at all:
 ``jax-separate`` (``jax.value_and_grad`` of the same loss over ``n`` separate
 arrays: what the user's loss costs by itself) and ``jax-stacked`` (the same loss
 over one ``(n, size)`` array, ``sum(P * C)``: what a batched loss costs).
@@ -228,6 +230,14 @@ def ways(n: int, size: int) -> dict:
 
         return step
 
+    def fused_stacked():
+        values, consts = build(n, size)
+        param = lucid.Parameter(jnp.stack(values))
+        stacked_consts = jnp.stack(consts)
+        opt = lucid.optim.Adam([param], lr=1e-3)
+        run = lucid.optim.fused_step(stacked_loss, opt)
+        return lambda: (run(param, stacked_consts), param.location[0].buffer)
+
     def separate():
         values, consts = build(n, size)
 
@@ -249,6 +259,7 @@ def ways(n: int, size: int) -> dict:
 
     out["backward+compiled"] = compiled
     out["fused"] = fused
+    out["fused-stacked"] = fused_stacked
     out["jax-separate"] = separate
     out["jax-stacked"] = stacked
     return out
@@ -412,7 +423,9 @@ def main() -> None:
         "compilation of 2000 separate dots takes minutes; the counts grow linearly)",
     )
     parser.add_argument("--size", type=int, default=4096, help="floats per parameter")
-    parser.add_argument("--ways", default="backward+compiled,fused,jax-separate,jax-stacked")
+    parser.add_argument(
+        "--ways", default="backward+compiled,fused,fused-stacked,jax-separate,jax-stacked"
+    )
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
     if args.n is None:

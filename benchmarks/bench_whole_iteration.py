@@ -7,8 +7,9 @@ what is measured is lucid's machinery around a model: ``lucid.backward`` + the
 compiled step, and ``fused_step``. ms per iteration, synchronised (median) and
 pipelined (mean), as the other benchmarks, and the host's part: the median time the
 call itself takes with the device idle (Python and dispatch; the device's work runs
-after it, asynchronously). ``--n`` sets many_small's count (2000). Where its kernels
-come from: `analyze_whole_iteration.py`.
+after it, asynchronously). ``--n`` sets many_small's count (2000); ``--modes`` can
+add ``backward-only`` (``lucid.backward`` with no compiled optimizer, each parameter
+in its own arrays). Where the kernels come from: `analyze_whole_iteration.py`.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ def run(set_name: str, mode: str, repeats: int, n: int) -> tuple[float, float, f
         def step():
             fused(params, consts)
             return buffer()
+    elif mode == "backward-only":  # no compiled optimizer: every parameter its own arrays
+
+        def step():
+            opt.zero_grad()
+            lucid.backward(loss_fn, params, consts)
+            return params[-1].grad
+
     else:
         lucid.compile_optimizer(opt)
 
@@ -80,11 +88,16 @@ def main() -> None:
     parser.add_argument("--sets", default="many_small,gpt2_small")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--n", type=int, default=2000, help="many_small's count")
+    parser.add_argument(
+        "--modes",
+        default="backward+compiled,fused",
+        help="also backward-only: lucid.backward alone, parameters in their own arrays",
+    )
     args = parser.parse_args()
     print(f"jax {jax.__version__}, {jax.devices()[0]}")
     print(f"{'set':11s} {'loop':22s} {'ms/iter':>8s} {'pipelined':>9s} {'host':>8s}")
     for set_name in args.sets.split(","):
-        for mode in ("backward+compiled", "fused"):
+        for mode in args.modes.split(","):
             ms, pipelined, host = run(set_name, mode, args.repeats, args.n)
             print(f"{set_name:11s} {mode:22s} {ms:8.3f} {pipelined:9.3f} {host:8.3f}", flush=True)
 
