@@ -92,7 +92,7 @@ class Module:
         self.lines = {}  # instruction name -> its line, over every computation
         for body in self.computations.values():
             for line in body:
-                match = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = ", line)
+                match = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
                 if match:
                     self.lines.setdefault(match.group(1), line)
 
@@ -133,11 +133,11 @@ class Module:
         todo = [self.entry]
         while todo:
             for line in self.computations.get(todo.pop(), []):
-                match = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = .*? ([a-z\-]+)\(", line)
+                match = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*? ([a-z\-]+)\(", line)
                 if not match or match.group(2) in NOT_KERNELS:
                     continue
                 if match.group(2) == "while":
-                    body = re.search(r"body=%([\w.\-]+)", line)
+                    body = re.search(r"body=%?([\w.\-]+)", line)
                     todo.append(body.group(1))
                     continue
                 kind = re.search(r"kind=(k\w+)", line)
@@ -148,7 +148,7 @@ class Module:
         """The sources of an entry op: its own metadata and, for a fusion, that of
         every op it calls."""
         line = self.lines.get(name, "")
-        lines, todo, seen = [line], re.findall(r"calls=%([\w.\-]+)", line), set()
+        lines, todo, seen = [line], re.findall(r"calls=%?([\w.\-]+)", line), set()
         while todo:
             called = todo.pop()
             if called in seen:
@@ -156,7 +156,7 @@ class Module:
             seen.add(called)
             for inner in self.computations.get(called, []):
                 lines.append(inner)
-                todo += re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", inner)
+                todo += re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", inner)
         found = {source_of(x, self.frames) for x in lines if "metadata=" in x}
         found.discard(None)
         return found or {"other"}
@@ -174,9 +174,12 @@ def source_of(line: str, frames: dict) -> str | None:
     for file, function in chain:
         file = file.replace(os.sep, "/")
         if file.endswith("benchmarks/analyze_whole_iteration.py") and function != "<module>":
-            if function in ("loss_fn", "stacked_loss", "separate", "stacked") or (
-                "<genexpr>" in function
-            ):  # the loss, or jax.value_and_grad's own ops around it (the references)
+            if (
+                not function
+                or function in ("loss_fn", "stacked_loss", "separate", "stacked")
+                or ("<genexpr>" in function)
+            ):  # the loss, or jax.value_and_grad's own ops around it (the references); no
+                # function: jax 0.4's metadata names only the innermost file
                 return "loss backward" if "transpose(" in op_name else "loss forward"
             continue
         if file.endswith("_engine/layout.py"):
@@ -374,7 +377,9 @@ def report(results: list[dict]) -> None:
             for name, opcode, kind in module.kernels():
                 label = "+".join(s for s in SOURCES if s in module.sources(name))
                 if opcode == "copy" and label == "other":  # one XLA inserted: of what
-                    operand = re.search(r" copy\(%([\w.\-]+)\)", module.lines.get(name, ""))
+                    operand = re.search(
+                        r" copy\((?:\S+ )?%?([\w.\-]+)\)", module.lines.get(name, "")
+                    )
                     operand = re.sub(r"\d+", "N", operand.group(1)) if operand else "?"
                     label = f"copy of {operand.removesuffix('.N')}"
                 by_source[f"{label} [{opcode}{'/' + kind if kind else ''}]"] += 1
