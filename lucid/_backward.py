@@ -320,8 +320,9 @@ def backward(
             )
         raise ValueError(f"lucid.backward: the arguments hold no lucid.Parameter{hint}")
     loss, grads = value_and_grads(loss_fn, traced, has_aux)
-    for storage, grad, indices in zip(traced.storages, grads, traced.indices):
-        present = np.zeros(storage.layout.param_count, bool)
+    layouts = traced.static[3]  # read once by partition (a storage may build it anew)
+    for storage, grad, indices, layout in zip(traced.storages, grads, traced.indices, layouts):
+        present = np.zeros(layout.param_count, bool)
         present[indices] = True
         storage.add_grads(grad, present)
     return loss
