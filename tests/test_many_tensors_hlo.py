@@ -66,9 +66,9 @@ def backward_ops(n: int) -> tuple[list[str], str]:
     return ops(program.lower(traced.buffers, traced.arrays).compile().as_text())
 
 
-def fused_ops(n: int, monkeypatch) -> tuple[list[str], str]:
-    """The fused step's executable, as the backend compiles it."""
-    texts = []
+def fused_texts(n: int, monkeypatch) -> tuple[str, str]:
+    """The fused step's program as the backend builds it: lowered, and optimized."""
+    texts, lowered_texts = [], []
     real_jit = jax.jit
 
     def recording_jit(fun, *args, **kwargs):
@@ -77,7 +77,9 @@ def fused_ops(n: int, monkeypatch) -> tuple[list[str], str]:
             return jitted
 
         def call(*call_args):
-            texts.append(jitted.lower(*call_args).compile().as_text())
+            lowered = jitted.lower(*call_args)
+            lowered_texts.append(lowered.as_text())
+            texts.append(lowered.compile().as_text())
             return jitted(*call_args)
 
         return call
@@ -91,7 +93,11 @@ def fused_ops(n: int, monkeypatch) -> tuple[list[str], str]:
         step(params, consts)
     programs.fused_program.cache_clear()  # the recording program is not kept
     assert len(texts) == 1
-    return ops(texts[0])
+    return lowered_texts[0], texts[0]
+
+
+def fused_ops(n: int, monkeypatch) -> tuple[list[str], str]:
+    return ops(fused_texts(n, monkeypatch)[1])
 
 
 COUNTS = (3, 9)
@@ -122,6 +128,15 @@ def test_backward_program_adds_at_most_a_view_per_parameter_and_one_join(plain):
 def test_fused_program_adds_at_most_a_view_per_parameter_and_one_join(plain, monkeypatch):
     found = {n: fused_ops(n, monkeypatch) for n in COUNTS}
     assert_lucid_adds_one_view_per_parameter(found, plain)
+
+
+def test_fused_update_reads_the_donated_values_after_the_loss(monkeypatch):
+    """The update overwrites the donated value buffer in place, and reads it through a
+    barrier with the loss: every read of the loss comes first, so XLA need not copy the
+    whole buffer to keep it (XLA:CPU drops barriers before it orders the program and
+    copies anyway; the GPU's compiler removes them after scheduling)."""
+    lowered, _ = fused_texts(3, monkeypatch)
+    assert "optimization_barrier" in lowered
 
 
 def test_gradient_through_the_flat_buffer_fails_the_check(plain):
