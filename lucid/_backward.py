@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._arrays import device_domain
 from ._parameter import Parameter
 from ._storage import Storage
 
@@ -31,6 +30,7 @@ class Traced(NamedTuple):
     arrays: list[jax.Array]  # plain array leaves
     static: tuple  # (treedef, kinds, static_leaves, layouts): hashable
     storages: list[Storage]
+    indices: list[list[int]]  # per storage, the indices of its parameters in the call
 
 
 def _is_parameter(x: Any) -> bool:
@@ -48,25 +48,35 @@ def partition(tree: Any, args: tuple, kwargs: dict) -> Traced:
     (traced) or anything else (static, part of the cache key).
     """
     leaves, treedef = jax.tree_util.tree_flatten((tree, args, kwargs), is_leaf=_is_parameter)
+    # one pass, per leaf as little as can be (a model of thousands of small tensors
+    # pays this at every call): the kinds are the static part of the key
     storages: list[Storage] = []
+    indices: list[list[int]] = []
     position: dict[int, int] = {}
-    kinds = []
+    kinds: list[tuple] = []
+    arrays: list[Any] = []
+    static_leaves: list[Any] = []
+    array_kind, static_kind = ("array",), ("static",)
+    array_types = (jax.Array, np.ndarray)
     for leaf in leaves:
         if isinstance(leaf, Parameter):
             storage, index = leaf.location
-            if id(storage) not in position:
-                position[id(storage)] = len(storages)
+            at = position.get(id(storage))
+            if at is None:
+                at = position[id(storage)] = len(storages)
                 storages.append(storage)
-            kinds.append(("param", position[id(storage)], index))
-        elif _is_array(leaf):
-            kinds.append(("array",))
+                indices.append([])
+            indices[at].append(index)
+            kinds.append(("param", at, index))
+        elif isinstance(leaf, array_types):
+            kinds.append(array_kind)
+            arrays.append(leaf)
         else:
-            kinds.append(("static",))
-    static_leaves = tuple(x for x, kind in zip(leaves, kinds) if kind[0] == "static")
+            kinds.append(static_kind)
+            static_leaves.append(leaf)
     layouts = tuple(s.layout for s in storages)
-    arrays = [x for x, kind in zip(leaves, kinds) if kind[0] == "array"]
-    static = (treedef, tuple(kinds), static_leaves, layouts)
-    return Traced([s.buffer for s in storages], arrays, static, storages)
+    static = (treedef, tuple(kinds), tuple(static_leaves), layouts)
+    return Traced([s.buffer for s in storages], arrays, static, storages, indices)
 
 
 def array_count(tree: Any) -> int:
@@ -80,15 +90,6 @@ def parameters_in(tree: Any) -> list[Parameter]:
     """Every Parameter among ``tree``'s leaves, in order."""
     leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_parameter)
     return [leaf for leaf in leaves if isinstance(leaf, Parameter)]
-
-
-def present_mask(static: tuple, position: int, size: int) -> np.ndarray:
-    """Which of storage ``position``'s parameters appear in the call."""
-    present = np.zeros(size, bool)
-    for kind in static[1]:
-        if kind[0] == "param" and kind[1] == position:
-            present[kind[2]] = True
-    return present
 
 
 PROGRAMS_KEPT = 64  # distinct (loss function, structure) pairs whose programs stay compiled
@@ -199,6 +200,15 @@ def loss_program(loss_fn: Callable[..., Any], static: tuple, has_aux: bool = Fal
     return jax.jit(run)
 
 
+def _domains(arrays: list) -> set:
+    """`device_domain` of every committed array, as a set: read once per distinct
+    sharding (thousands of arrays share a handful), not once per array."""
+    shardings = {
+        x.sharding for x in arrays if isinstance(x, jax.Array) and getattr(x, "committed", True)
+    }
+    return {frozenset(d.id for d in s.device_set) for s in shardings}
+
+
 def value_and_grads(
     loss_fn: Callable[..., Any], traced: Traced, has_aux: bool = False
 ) -> tuple[Any, list[jax.Array]]:
@@ -209,7 +219,7 @@ def value_and_grads(
     goes back to where its buffer lives (correct everywhere, fast on one domain).
     """
     buffers, arrays = traced.buffers, traced.arrays
-    domains = {device_domain(x) for x in [*buffers, *arrays]} - {None}
+    domains = _domains([*buffers, *arrays])
     if len(domains) > 1:
         device = next(iter(buffers[0].sharding.device_set))
         buffers = [jax.device_put(b, device) for b in buffers]
@@ -310,7 +320,9 @@ def backward(
             )
         raise ValueError(f"lucid.backward: the arguments hold no lucid.Parameter{hint}")
     loss, grads = value_and_grads(loss_fn, traced, has_aux)
-    for position, (storage, grad) in enumerate(zip(traced.storages, grads)):
-        size = storage.layout.param_count
-        storage.add_grads(grad, present_mask(traced.static, position, size))
+    layouts = traced.static[3]  # read once by partition (a storage may build it anew)
+    for storage, grad, indices, layout in zip(traced.storages, grads, traced.indices, layouts):
+        present = np.zeros(layout.param_count, bool)
+        present[indices] = True
+        storage.add_grads(grad, present)
     return loss

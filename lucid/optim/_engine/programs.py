@@ -258,6 +258,12 @@ def fused_program(
             for (b, i), grad in zip(order, grads_list):
                 view_grads[b][i] = grad
         grads = [layout.join(g) for g, layout in zip(view_grads, layouts)]
+        # the update writes the donated value buffers in place; the loss reads
+        # them too, but need not be inputs of the update (a gradient may not depend on
+        # every read), so without this data dependency XLA may not order those reads
+        # first and copies the whole buffer instead (an identity: numbers unchanged;
+        # XLA:CPU drops the barrier and keeps its copy)
+        loss, values = jax.lax.optimization_barrier((loss, values))
         new_values, new_states = apply_buckets(
             rule, plans, hyper32, hyper64, values, grads, states, places
         )
