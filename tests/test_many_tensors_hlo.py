@@ -76,11 +76,11 @@ def fused_texts(n: int, monkeypatch) -> tuple[str, str]:
         if getattr(fun, "__name__", "") != "fused":
             return jitted
 
-        def call(*call_args):
-            lowered = jitted.lower(*call_args)
+        def call(*call_args, **call_kwargs):
+            lowered = jitted.lower(*call_args, **call_kwargs)
             lowered_texts.append(lowered.as_text())
             texts.append(lowered.compile().as_text())
-            return jitted(*call_args)
+            return jitted(*call_args, **call_kwargs)
 
         return call
 
