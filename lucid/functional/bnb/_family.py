@@ -143,30 +143,22 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
     return update
 
 
-def _dequantized(kernel: Kernel, state: BnbState) -> tuple[Array, Array | None]:
-    """The float32 states of the 8-bit kernel, dequantized."""
+def _dequantized(kernel: Kernel, state: BnbState, salt: int = 0) -> tuple[Array, Array | None]:
+    """The float32 states of the 8-bit kernel, dequantized (``salt``: see `_quant.decode`;
+    0 for plain indices)."""
+    zero = _quant.opaque_zero(salt) if salt else None
+
+    def decode(codes: Array, absmax: Array, signed: bool = True) -> Array:
+        return _quant.decode(codes, absmax, signed, zero)
+
     if kernel.double:
-        s1 = jnp.stack(
-            [_quant.dequantize_blockwise(state.state1[i], state.absmax1[i]) for i in (0, 1)]
-        )
+        s1 = jnp.stack([decode(state.state1[i], state.absmax1[i]) for i in (0, 1)])
     else:
-        s1 = _quant.dequantize_blockwise(state.state1, state.absmax1)
+        s1 = decode(state.state1, state.absmax1)
     s2 = None
     if kernel.two_states:
-        s2 = _quant.dequantize_blockwise(state.state2, state.absmax2, signed=False)
+        s2 = decode(state.state2, state.absmax2, signed=False)
     return s1, s2
-
-
-def _shadow(state: BnbState, *fields: str) -> BnbState:
-    """``state`` with the named fields behind an optimization barrier: values XLA
-    cannot identify with the originals, so that what is computed from them is computed
-    again (in the fusion that needs it) rather than shared through memory. (Two
-    barriers over the same values would be merged: each caller names other fields.)"""
-    hidden = jax.lax.optimization_barrier(tuple(getattr(state, f) for f in fields))
-    return state._replace(**dict(zip(fields, hidden)))
-
-
-_SEPARATE_CONSUMERS = True  # each output of the second pass dequantizes for itself
 
 
 def _step8_in_two_passes(kernel: Kernel, p, g, state: BnbState, h, t, flags) -> tuple:
@@ -175,31 +167,25 @@ def _step8_in_two_passes(kernel: Kernel, p, g, state: BnbState, h, t, flags) -> 
     A block's codes need the block's new absmax, a reduction over the new state: the
     compiled step takes two passes over the tensor. The first reads the codes and the
     gradient and writes only the absmax (XLA fuses the dequantization and the rule into
-    the row reduction); the second computes the same new states again, elementwise, and
-    writes the parameter and the codes. Each pass (and each output of the second) works
-    on its own copy of the codes behind an optimization barrier (a no-op at run time),
-    so that XLA recomputes the states, in registers, where they are needed rather than
-    storing them in float32 between kernels (4 bytes a moment written and read again at
-    least, where another read of its code costs 1).
+    the row reduction where the backend can, as on GPUs); the second computes the same
+    new states again, elementwise, and writes the parameter and the codes. The first
+    pass and each output of the second dequantize the codes for themselves (indices
+    offset by opaque zeros, `_quant.decode`), so that XLA recomputes the states, in
+    registers, where they are needed rather than storing them in float32 between kernels
+    (4 bytes a moment written and read again at least, where another read of its code
+    costs 1).
     """
-    fields = ("state1", "absmax1") + (("state2", "absmax2") if kernel.two_states else ())
-    g_a, hidden = jax.lax.optimization_barrier((g, _shadow(state, *fields)))
-    _, s1_a, s2_a = kernel.step8(p, g_a, *_dequantized(kernel, hidden), h, t, flags)
+    _, s1_a, s2_a = kernel.step8(p, g, *_dequantized(kernel, state, 1), h, t, flags)
     if kernel.double:
         absmax1 = jnp.stack([_quant.block_absmax(s1_a[i]) for i in (0, 1)])
     else:
         absmax1 = _quant.block_absmax(s1_a)
     absmax2 = _quant.block_absmax(s2_a) if kernel.two_states else None
-    if not _SEPARATE_CONSUMERS:
-        p, s1, s2 = kernel.step8(p, g, *_dequantized(kernel, state), h, t, flags)
-        return p, s1, s2, absmax1, absmax2
     p_new, _, _ = kernel.step8(p, g, *_dequantized(kernel, state), h, t, flags)
-    shadow = _shadow(state, "state1", "absmax1")
-    _, s1, _ = kernel.step8(p, g, *_dequantized(kernel, shadow), h, t, flags)
+    _, s1, _ = kernel.step8(p, g, *_dequantized(kernel, state, 2), h, t, flags)
     s2 = None
     if kernel.two_states:
-        shadow = _shadow(state, "state2", "absmax2")
-        _, _, s2 = kernel.step8(p, g, *_dequantized(kernel, shadow), h, t, flags)
+        _, _, s2 = kernel.step8(p, g, *_dequantized(kernel, state, 3), h, t, flags)
     return p_new, s1, s2, absmax1, absmax2
 
 

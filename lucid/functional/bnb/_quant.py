@@ -246,10 +246,24 @@ def dequantize_blockwise(codes: Array, absmax: Array, signed: bool = True) -> Ar
       >>> dequantize_blockwise(jnp.array([255, 127], jnp.uint8), jnp.array([2.0])).tolist()
       [2.0, 0.0]
     """
+    return decode(codes, absmax, signed)
+
+
+def decode(codes: Array, absmax: Array, signed: bool = True, zero: Array | None = None) -> Array:
+    """`dequantize_blockwise`, with ``zero`` (an int32 zero that XLA cannot see is zero,
+    or `None`) added to the codes: two decodings of the same codes with different
+    zeros are computed each in its own kernel, where XLA would otherwise store one
+    float32 result for both."""
     codes = jnp.asarray(codes)
-    values = jnp.asarray(_MAPS[signed])[_as_blocks(codes.astype(jnp.int32))]
+    index = codes.astype(jnp.int32) if zero is None else codes.astype(jnp.int32) + zero
+    values = jnp.asarray(_MAPS[signed])[_as_blocks(index)]
     values = values * jnp.asarray(absmax, jnp.float32)[:, None]
     return _as_shape(values, codes.shape)
+
+
+def opaque_zero(salt: int) -> Array:
+    """An int32 zero XLA cannot fold or identify with another ``salt``'s (see `decode`)."""
+    return jax.lax.optimization_barrier(jnp.int32(salt)) - jnp.int32(salt)
 
 
 def is_code_map(value: Any, signed: bool) -> bool:
