@@ -105,8 +105,9 @@ def _leaf_program(cls, shape):
     return jax.jit(update, donate_argnums=(1, 3)).lower(hyper, p, p, state).compile()
 
 
-def cost(cls, shape_list: list) -> tuple[float, int]:
-    """XLA's bytes accessed per parameter over the set, and the fusions of the largest."""
+def cost(cls, shape_list: list, dump: str | None = None) -> tuple[float, int]:
+    """XLA's bytes accessed per parameter over the set, and the fusions of the largest
+    (whose optimized HLO is written to the file ``dump``, if given)."""
     counts: dict[tuple, int] = {}
     for shape in shape_list:
         counts[tuple(shape)] = counts.get(tuple(shape), 0) + 1
@@ -120,7 +121,11 @@ def cost(cls, shape_list: list) -> tuple[float, int]:
             analysis = analysis[0]
         total_bytes += count * float(analysis.get("bytes accessed", 0.0))
         if shape == largest:
-            fusions = len(re.findall(r"=\s*\S+\s+fusion\(", compiled.as_text()))
+            text = compiled.as_text()
+            fusions = len(re.findall(r"=\s*\S+\s+fusion\(", text))
+            if dump:
+                with open(dump, "w") as file:
+                    file.write(text)
     return total_bytes / shapes.numel(shape_list), fusions
 
 
@@ -146,6 +151,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-cost", action="store_true", help="skip XLA's cost analysis")
+    parser.add_argument("--dump", help="a folder for the optimized HLO of each variant's update")
     args = parser.parse_args()
     names = [n.strip() for n in args.variants.split(",")]
     unknown = [n for n in names if n not in VARIANTS]
@@ -162,7 +168,12 @@ def main() -> None:
             row = {"ms": round(step_ms(cls, shape_list, args), 3)}
             one, two = floors(name, shape_list)
             if not args.no_cost:
-                per_param, fusions = cost(cls, shape_list)
+                dump = None
+                if args.dump:
+                    os.makedirs(args.dump, exist_ok=True)
+                    slug = re.sub(r"\W+", "_", f"{set_name}_{name}")
+                    dump = os.path.join(args.dump, f"{slug}.hlo")
+                per_param, fusions = cost(cls, shape_list, dump)
                 row["bytes/param"] = round(per_param, 2)
                 row["fusions"] = fusions
             row["floor"] = round(one, 2)
