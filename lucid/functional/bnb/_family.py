@@ -130,63 +130,36 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
             if unorm_vec is not None and unorm is not None:
                 unorm_vec = jnp.reshape(unorm, (1,)).astype(f32)
             return p, BnbState(step, s1, s2, None, None, unorm_vec)
-        p, s1, s2, absmax1, absmax2 = _step8_in_two_passes(kernel, p, g, state, h, t, flags)
+        # One graph for the whole step: XLA decides what to store between the kernels
+        # (on a GPU it stores the float32 states once, from the absmax reduction; forcing
+        # it to recompute them from the codes measured slower there).
+        p, s1, s2 = kernel.step8(p, g, *_dequantized(kernel, state), h, t, flags)
         if kernel.double:
-            codes1 = jnp.stack([_quant.encode(s1[i], absmax1[i]) for i in (0, 1)])
+            pairs = [_quant.quantize_blockwise(s1[i]) for i in (0, 1)]
+            codes1 = jnp.stack([c for c, _ in pairs])
+            absmax1 = jnp.stack([a for _, a in pairs])
         else:
-            codes1 = _quant.encode(s1, absmax1)
-        codes2 = None
+            codes1, absmax1 = _quant.quantize_blockwise(s1)
+        codes2 = absmax2 = None
         if kernel.two_states:
-            codes2 = _quant.encode(s2, absmax2, signed=False)
+            codes2, absmax2 = _quant.quantize_blockwise(s2, signed=False)
         return p, BnbState(step, codes1, codes2, absmax1, absmax2, state.unorm_vec)
 
     return update
 
 
-def _dequantized(kernel: Kernel, state: BnbState, salt: int = 0) -> tuple[Array, Array | None]:
-    """The float32 states of the 8-bit kernel, dequantized (``salt``: see `_quant.decode`;
-    0 for plain indices)."""
-    zero = _quant.opaque_zero(salt) if salt else None
-
-    def decode(codes: Array, absmax: Array, signed: bool = True) -> Array:
-        return _quant.decode(codes, absmax, signed, zero)
-
+def _dequantized(kernel: Kernel, state: BnbState) -> tuple[Array, Array | None]:
+    """The float32 states of the 8-bit kernel, dequantized."""
     if kernel.double:
-        s1 = jnp.stack([decode(state.state1[i], state.absmax1[i]) for i in (0, 1)])
+        s1 = jnp.stack(
+            [_quant.dequantize_blockwise(state.state1[i], state.absmax1[i]) for i in (0, 1)]
+        )
     else:
-        s1 = decode(state.state1, state.absmax1)
+        s1 = _quant.dequantize_blockwise(state.state1, state.absmax1)
     s2 = None
     if kernel.two_states:
-        s2 = decode(state.state2, state.absmax2, signed=False)
+        s2 = _quant.dequantize_blockwise(state.state2, state.absmax2, signed=False)
     return s1, s2
-
-
-def _step8_in_two_passes(kernel: Kernel, p, g, state: BnbState, h, t, flags) -> tuple:
-    """The 8-bit step's new parameter and float32 states, and the new states' absmax.
-
-    A block's codes need the block's new absmax, a reduction over the new state: the
-    compiled step takes two passes over the tensor. The first reads the codes and the
-    gradient and writes only the absmax (XLA fuses the dequantization and the rule into
-    the row reduction where the backend can, as on GPUs); the second computes the same
-    new states again, elementwise, and writes the parameter and the codes. The first
-    pass and each output of the second dequantize the codes for themselves (indices
-    offset by opaque zeros, `_quant.decode`), so that XLA recomputes the states, in
-    registers, where they are needed rather than storing them in float32 between kernels
-    (4 bytes a moment written and read again at least, where another read of its code
-    costs 1).
-    """
-    _, s1_a, s2_a = kernel.step8(p, g, *_dequantized(kernel, state, 1), h, t, flags)
-    if kernel.double:
-        absmax1 = jnp.stack([_quant.block_absmax(s1_a[i]) for i in (0, 1)])
-    else:
-        absmax1 = _quant.block_absmax(s1_a)
-    absmax2 = _quant.block_absmax(s2_a) if kernel.two_states else None
-    p_new, _, _ = kernel.step8(p, g, *_dequantized(kernel, state), h, t, flags)
-    _, s1, _ = kernel.step8(p, g, *_dequantized(kernel, state, 2), h, t, flags)
-    s2 = None
-    if kernel.two_states:
-        _, _, s2 = kernel.step8(p, g, *_dequantized(kernel, state, 3), h, t, flags)
-    return p_new, s1, s2, absmax1, absmax2
 
 
 def rule(

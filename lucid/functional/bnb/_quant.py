@@ -143,6 +143,7 @@ def _lut(code: np.ndarray) -> np.ndarray:
 
 
 _LUTS = {signed: _lut(dynamic_map(signed)) for signed in (True, False)}
+assert all(int(table[0]) == 0 for table in _LUTS.values())  # `encode` relies on it
 _MAPS = {signed: dynamic_map(signed) for signed in (True, False)}
 
 
@@ -192,10 +193,12 @@ def encode(x: Array, absmax: Array, signed: bool = True) -> Array:
     # multiply-add in its kernel, as XLA emits it on the CPU)
     position = ((y + 1.0) * 0.5) * float(_LUT_SIZE - 1) + 0.5
     bad = jnp.isnan(position) | (absmax[:, None] == 0)
+    # a bad value reads entry 0, code 0 (both tables start with it); the flat index and
+    # `take` (indices in [0, 65535] by construction) let XLA fuse the lookup with the
+    # kernel that writes the parameter
     index = jnp.where(bad, jnp.float32(0), position).astype(jnp.int32)
-    codes = jnp.asarray(_LUTS[signed])[index]
-    codes = jnp.where(bad, jnp.uint8(0), codes)
-    return _as_shape(codes, x.shape)
+    codes = jnp.take(jnp.asarray(_LUTS[signed]), _as_shape(index, x.shape), mode="clip")
+    return codes
 
 
 def quantize_blockwise(x: Array, signed: bool = True) -> tuple[Array, Array]:
@@ -246,24 +249,10 @@ def dequantize_blockwise(codes: Array, absmax: Array, signed: bool = True) -> Ar
       >>> dequantize_blockwise(jnp.array([255, 127], jnp.uint8), jnp.array([2.0])).tolist()
       [2.0, 0.0]
     """
-    return decode(codes, absmax, signed)
-
-
-def decode(codes: Array, absmax: Array, signed: bool = True, zero: Array | None = None) -> Array:
-    """`dequantize_blockwise`, with ``zero`` (an int32 zero that XLA cannot see is zero,
-    or `None`) added to the codes: two decodings of the same codes with different
-    zeros are computed each in its own kernel, where XLA would otherwise store one
-    float32 result for both."""
     codes = jnp.asarray(codes)
-    index = codes.astype(jnp.int32) if zero is None else codes.astype(jnp.int32) + zero
-    values = jnp.asarray(_MAPS[signed])[_as_blocks(index)]
+    values = jnp.asarray(_MAPS[signed])[_as_blocks(codes.astype(jnp.int32))]
     values = values * jnp.asarray(absmax, jnp.float32)[:, None]
     return _as_shape(values, codes.shape)
-
-
-def opaque_zero(salt: int) -> Array:
-    """An int32 zero XLA cannot fold or identify with another ``salt``'s (see `decode`)."""
-    return jax.lax.optimization_barrier(jnp.int32(salt)) - jnp.int32(salt)
 
 
 def is_code_map(value: Any, signed: bool) -> bool:

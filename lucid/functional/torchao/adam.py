@@ -57,7 +57,7 @@ from .._signature import (
     transform_of,
     weight_decay,
 )
-from ._quant import FP8, block_scale, dequantize, encode
+from ._quant import FP8, dequantize, quantize
 from ._quant import bf16_stochastic_round as round_bf16_stochastically
 
 QUANTIZE_MIN_SIZE = 4096
@@ -195,52 +195,20 @@ def _load(codes: Any, scale: Any, form: str, signed: bool, shape: tuple[int, ...
     return dequantize(codes, scale, form, signed, shape)
 
 
+def _store(value: Any, scale: Any, form: str, signed: bool, block_size: int) -> tuple[Any, Any]:
+    if scale is None:
+        return value, None
+    return quantize(value, form, signed, block_size)
+
+
 def lerp(start: Any, end: Any, weight: Any) -> Any:
     """torch's ``lerp`` (``start + w (end - start)`` for ``w < 0.5``, else ``end - (end -
-    start)(1 - w)``), both sides computed and one selected by the scalar ``weight``:
-    elementwise, so XLA fuses it with the dequantization that produces ``start`` (a
-    ``lax.cond`` would store its result between kernels)."""
+    start)(1 - w)``), the branch taken once for the scalar ``weight`` (a select per
+    element would make XLA compute the dequantized ``start`` once per use)."""
     diff = end - start
-    return jnp.where(weight < 0.5, start + weight * diff, end - diff * (1 - weight))
-
-
-_FIELDS = {
-    "exp_avg": ("exp_avg", "exp_avg_scale"),
-    "exp_avg_sq": ("exp_avg_sq", "exp_avg_sq_scale"),
-    "max_exp_avg_sq": ("max_exp_avg_sq", "max_exp_avg_sq_scale"),
-}
-
-
-def _shadow(state: LowBitAdamState, *moments: str) -> LowBitAdamState:
-    """``state`` with the named moments' codes and scales behind an optimization barrier
-    (a no-op at run time): values XLA cannot identify with the originals, so that what
-    is computed from them is computed again in the kernel that needs it instead of being
-    stored in float32 between kernels. (Two barriers over the same values would be
-    merged: each caller names other moments.)"""
-    names = [name for moment in moments for name in _FIELDS[moment]]
-    hidden = jax.lax.optimization_barrier(tuple(getattr(state, name) for name in names))
-    return state._replace(**dict(zip(names, hidden)))
-
-
-def _moments(p: Any, g: Any, state: LowBitAdamState, h: dict, form: str, adamw: bool):
-    """This step's decayed parameter and float32 ``m``, ``v`` and AMSGrad's maximum
-    (`None` without it), from the stored moments."""
-    shape = tuple(jnp.shape(p))
-    if adamw:
-        p = p - (h["lr"] * h["weight_decay"]) * p
-    else:
-        g = g + h["weight_decay"] * p
-    m = lerp(_load(state.exp_avg, state.exp_avg_scale, form, True, shape), g, h["one_minus_beta1"])
-    v = lerp(
-        _load(state.exp_avg_sq, state.exp_avg_sq_scale, form, False, shape),
-        g * g,
-        h["one_minus_beta2"],
+    return jax.lax.cond(
+        weight < 0.5, lambda: start + weight * diff, lambda: end - diff * (1 - weight)
     )
-    u = None
-    if state.max_exp_avg_sq is not None:
-        old = _load(state.max_exp_avg_sq, state.max_exp_avg_sq_scale, form, False, shape)
-        u = jnp.maximum(old, v)
-    return p, m, v, u
 
 
 def _update(
@@ -258,55 +226,36 @@ def _update(
 ) -> tuple[Any, LowBitAdamState]:
     del amsgrad  # torchao reads it from the state (a max_exp_avg_sq made at its creation)
     f32 = jnp.float32
+    shape = tuple(jnp.shape(param))
     h = {k: jnp.asarray(v, f32) for k, v in h.items()}
-    p0, g = param.astype(f32), grad.astype(f32)
+    p, g = param.astype(f32), grad.astype(f32)
+    if adamw:
+        p = p - (h["lr"] * h["weight_decay"]) * p
+    else:
+        g = g + h["weight_decay"] * p
     step = state.step.astype(f32) + 1
     bias_correction1 = 1 - h["beta1"] ** step
     bias_correction2 = 1 - h["beta2"] ** step
-    p, m, v, u = _moments(p0, g, state, h, form, adamw)
-    second = v if u is None else u
-    stored = {"exp_avg": (m, True), "exp_avg_sq": (v, False), "max_exp_avg_sq": (u, False)}
-    new_fields: dict[str, Any] = {}
-    if state.exp_avg_scale is None:  # full-precision moments
-        for moment, (value, _) in stored.items():
-            if value is not None:
-                new_fields[moment], new_fields[moment + "_scale"] = value, None
-    else:
-        # Two passes: the first finds the blocks' new scales (a reduction over the new
-        # moments), the second writes the codes and the parameter. Each computes the
-        # moments again from the stored codes (its own copy, behind a barrier), so that
-        # no float32 moment is stored between kernels.
-        present = [moment for moment, (value, _) in stored.items() if value is not None]
-        g_a, shadow = jax.lax.optimization_barrier((g, state))
-        _, *again = _moments(p0, g_a, shadow, h, form, adamw)
-        scales = {
-            moment: block_scale(value, form, block_size)
-            for moment, value in zip(stored, again)
-            if value is not None
-        }
-        needs = {"exp_avg": ("exp_avg",), "exp_avg_sq": ("exp_avg_sq",)}
-        needs["max_exp_avg_sq"] = ("exp_avg_sq", "max_exp_avg_sq")
-        for moment in present:
-            values = _moments(p0, g, _shadow(state, *needs[moment]), h, form, adamw)
-            value = values[1 + list(stored).index(moment)]
-            new_fields[moment] = encode(value, scales[moment], form, stored[moment][1], block_size)
-            new_fields[moment + "_scale"] = scales[moment]
+    m = lerp(_load(state.exp_avg, state.exp_avg_scale, form, True, shape), g, h["one_minus_beta1"])
+    v = lerp(
+        _load(state.exp_avg_sq, state.exp_avg_sq_scale, form, False, shape),
+        g * g,
+        h["one_minus_beta2"],
+    )
+    m_stored, m_scale = _store(m, state.exp_avg_scale, form, True, block_size)
+    v_stored, v_scale = _store(v, state.exp_avg_sq_scale, form, False, block_size)
+    u_stored, u_scale, second = None, None, v
+    if state.max_exp_avg_sq is not None:
+        old = _load(state.max_exp_avg_sq, state.max_exp_avg_sq_scale, form, False, shape)
+        second = jnp.maximum(old, v)
+        u_stored, u_scale = _store(second, state.max_exp_avg_sq_scale, form, False, block_size)
     denom = jnp.sqrt(second) / jnp.sqrt(bias_correction2) + h["eps"]
     p = p - h["lr"] * (m / bias_correction1) / denom
     rng = state.rng
     if bf16_stochastic_round and np.dtype(storage_dtype) == jnp.bfloat16 and rng is not None:
         rng, draw = jax.random.split(rng)
         p = round_bf16_stochastically(p, draw).astype(f32)
-    new = LowBitAdamState(
-        step,
-        new_fields["exp_avg"],
-        new_fields["exp_avg_scale"],
-        new_fields["exp_avg_sq"],
-        new_fields["exp_avg_sq_scale"],
-        new_fields.get("max_exp_avg_sq"),
-        new_fields.get("max_exp_avg_sq_scale"),
-        rng,
-    )
+    new = LowBitAdamState(step, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale, rng)
     return p, new
 
 
