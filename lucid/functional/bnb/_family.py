@@ -130,16 +130,10 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
             if unorm_vec is not None and unorm is not None:
                 unorm_vec = jnp.reshape(unorm, (1,)).astype(f32)
             return p, BnbState(step, s1, s2, None, None, unorm_vec)
-        if kernel.double:
-            s1 = jnp.stack(
-                [_quant.dequantize_blockwise(state.state1[i], state.absmax1[i]) for i in (0, 1)]
-            )
-        else:
-            s1 = _quant.dequantize_blockwise(state.state1, state.absmax1)
-        s2 = None
-        if kernel.two_states:
-            s2 = _quant.dequantize_blockwise(state.state2, state.absmax2, signed=False)
-        p, s1, s2 = kernel.step8(p, g, s1, s2, h, t, flags)
+        # One graph for the whole step: XLA decides what to store between the kernels
+        # (on a GPU it stores the float32 states once, from the absmax reduction; forcing
+        # it to recompute them from the codes measured slower there).
+        p, s1, s2 = kernel.step8(p, g, *_dequantized(kernel, state), h, t, flags)
         if kernel.double:
             pairs = [_quant.quantize_blockwise(s1[i]) for i in (0, 1)]
             codes1 = jnp.stack([c for c, _ in pairs])
@@ -152,6 +146,20 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
         return p, BnbState(step, codes1, codes2, absmax1, absmax2, state.unorm_vec)
 
     return update
+
+
+def _dequantized(kernel: Kernel, state: BnbState) -> tuple[Array, Array | None]:
+    """The float32 states of the 8-bit kernel, dequantized."""
+    if kernel.double:
+        s1 = jnp.stack(
+            [_quant.dequantize_blockwise(state.state1[i], state.absmax1[i]) for i in (0, 1)]
+        )
+    else:
+        s1 = _quant.dequantize_blockwise(state.state1, state.absmax1)
+    s2 = None
+    if kernel.two_states:
+        s2 = _quant.dequantize_blockwise(state.state2, state.absmax2, signed=False)
+    return s1, s2
 
 
 def rule(

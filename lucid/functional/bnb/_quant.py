@@ -143,6 +143,7 @@ def _lut(code: np.ndarray) -> np.ndarray:
 
 
 _LUTS = {signed: _lut(dynamic_map(signed)) for signed in (True, False)}
+assert all(int(table[0]) == 0 for table in _LUTS.values())  # `encode` relies on it
 _MAPS = {signed: dynamic_map(signed) for signed in (True, False)}
 
 
@@ -152,12 +153,52 @@ def blocks_of(n: int) -> int:
 
 
 def _as_blocks(x: Array) -> Array:
+    """``x`` flattened as ``(blocks, BLOCK_SIZE)``: a free reshape when its size is a
+    multiple of the block (every large weight), padded with zeros otherwise."""
     n = x.size
     flat = jnp.ravel(x)
     pad = blocks_of(n) * BLOCK_SIZE - n
     if pad:
-        flat = jnp.concatenate([flat, jnp.zeros((pad,), flat.dtype)])
+        flat = jnp.pad(flat, (0, pad))
     return flat.reshape(-1, BLOCK_SIZE)
+
+
+def _as_shape(blocks: Array, shape: tuple[int, ...]) -> Array:
+    """The inverse of `_as_blocks`: the first ``prod(shape)`` elements, as ``shape``."""
+    n = int(np.prod(shape))
+    flat = blocks.reshape(-1)
+    return (flat if flat.size == n else flat[:n]).reshape(shape)
+
+
+def block_absmax(x: Array) -> Array:
+    """Each block's largest magnitude, NaN ignored (bitsandbytes' `absmax`), float32.
+
+    One row reduction of the ``(blocks, 256)`` view of ``x``: XLA fuses the
+    elementwise math that produces ``x`` into it, so the float32 values need not
+    be stored.
+    """
+    magnitude = jnp.abs(_as_blocks(jnp.asarray(x, jnp.float32)))
+    return jnp.max(jnp.where(jnp.isnan(magnitude), jnp.float32(0), magnitude), axis=1)
+
+
+def encode(x: Array, absmax: Array, signed: bool = True) -> Array:
+    """The `uint8` codes of ``x`` (float32) in blocks whose absmax is ``absmax`` (as
+    `block_absmax` gives it): the elementwise half of `quantize_blockwise`."""
+    x = jnp.asarray(x, jnp.float32)
+    blocks = _as_blocks(x)
+    inverse = (1.0 / absmax)[:, None]
+    one = jnp.float32(1.0)
+    y = jnp.clip(blocks * inverse, -one, one)
+    # bitsandbytes' index computation, (y + 1) * 0.5 * 65535 + 0.5 truncated (a fused
+    # multiply-add in its kernel, as XLA emits it on the CPU)
+    position = ((y + 1.0) * 0.5) * float(_LUT_SIZE - 1) + 0.5
+    bad = jnp.isnan(position) | (absmax[:, None] == 0)
+    # a bad value reads entry 0, code 0 (both tables start with it); the flat index and
+    # `take` (indices in [0, 65535] by construction) let XLA fuse the lookup with the
+    # kernel that writes the parameter
+    index = jnp.where(bad, jnp.float32(0), position).astype(jnp.int32)
+    codes = jnp.take(jnp.asarray(_LUTS[signed]), _as_shape(index, x.shape), mode="clip")
+    return codes
 
 
 def quantize_blockwise(x: Array, signed: bool = True) -> tuple[Array, Array]:
@@ -185,21 +226,8 @@ def quantize_blockwise(x: Array, signed: bool = True) -> tuple[Array, Array]:
       [0.501, -0.993, 0.248, 0.0]
     """
     x = jnp.asarray(x, jnp.float32)
-    blocks = _as_blocks(x)
-    magnitude = jnp.abs(blocks)
-    absmax = jnp.max(jnp.where(jnp.isnan(magnitude), jnp.float32(0), magnitude), axis=1)
-    inverse = 1.0 / absmax
-    one = jnp.float32(1.0)
-    y = jnp.clip(blocks * inverse[:, None], -one, one)
-    # bitsandbytes' index computation, (y + 1) * 0.5 * 65535 + 0.5 truncated (a fused
-    # multiply-add in its kernel, as XLA emits it on the CPU)
-    position = ((y + 1.0) * 0.5) * float(_LUT_SIZE - 1) + 0.5
-    bad = jnp.isnan(position) | (absmax[:, None] == 0)
-    index = jnp.where(bad, jnp.float32(0), position).astype(jnp.int32)
-    codes = jnp.asarray(_LUTS[signed])[index]
-    codes = jnp.where(bad, jnp.uint8(0), codes)
-    codes = codes.reshape(-1)[: x.size].reshape(x.shape)
-    return codes, absmax
+    absmax = block_absmax(x)
+    return encode(x, absmax, signed), absmax
 
 
 def dequantize_blockwise(codes: Array, absmax: Array, signed: bool = True) -> Array:
@@ -224,7 +252,7 @@ def dequantize_blockwise(codes: Array, absmax: Array, signed: bool = True) -> Ar
     codes = jnp.asarray(codes)
     values = jnp.asarray(_MAPS[signed])[_as_blocks(codes.astype(jnp.int32))]
     values = values * jnp.asarray(absmax, jnp.float32)[:, None]
-    return values.reshape(-1)[: codes.size].reshape(codes.shape)
+    return _as_shape(values, codes.shape)
 
 
 def is_code_map(value: Any, signed: bool) -> bool:

@@ -249,19 +249,33 @@ def quantize(x: Array, form: str, signed: bool, block_size: int) -> tuple[Array,
       >>> [round(v, 3) for v in dequantize(codes, scale, "4bit", True, x.shape).tolist()[:4]]
       [-0.887, -0.663, -0.078, 0.212]
     """
-    blocks = x.astype(jnp.float32).reshape(-1, block_size)
-    scale = _scale(blocks)
+    scale = block_scale(x, form, block_size)
+    return encode(x, scale, form, signed, block_size), scale
+
+
+def block_scale(x: Array, form: str, block_size: int) -> Array:
+    """Each block's float32 scale, as `quantize` computes it (a row reduction over the
+    ``(blocks, block_size)`` view of ``x``, into which XLA fuses what produces ``x``)."""
+    scale = _scale(x.astype(jnp.float32).reshape(-1, block_size))
     if form == "fp8":
         # a division by a materialized array: XLA would turn ``scale / 448`` into
         # ``scale * (1/448)``, an ulp off torch's quotient for many scales
         scale = scale / jax.lax.optimization_barrier(jnp.full(scale.shape, FP8_MAX, jnp.float32))
-        return to_fp8(blocks / scale[:, None]).reshape(x.shape), scale
+    return scale
+
+
+def encode(x: Array, scale: Array, form: str, signed: bool, block_size: int) -> Array:
+    """The codes of ``x`` in blocks of scale ``scale`` (from `block_scale`): the
+    elementwise half of `quantize`."""
+    blocks = x.astype(jnp.float32).reshape(-1, block_size)
+    if form == "fp8":
+        return to_fp8(blocks / scale[:, None]).reshape(x.shape)
     scaled = (blocks / scale[:, None]).reshape(-1)
     codes = nearest_codes(scaled, qmap(8 if form == "8bit" else 4, signed))
     if form == "8bit":
-        return codes.astype(jnp.uint8).reshape(x.shape), scale
+        return codes.astype(jnp.uint8).reshape(x.shape)
     pairs = codes.reshape(-1, 2)
-    return ((pairs[:, 0] << 4) | pairs[:, 1]).astype(jnp.uint8), scale
+    return ((pairs[:, 0] << 4) | pairs[:, 1]).astype(jnp.uint8)
 
 
 def dequantize(
@@ -291,10 +305,11 @@ def dequantize(
     if form == "fp8":
         values = codes.astype(jnp.float32).reshape(rows, -1)
     else:
-        if form == "4bit":
-            codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1)
+        codes = codes.astype(jnp.uint8)
+        if form == "4bit":  # the high nibble first; a broadcast, which XLA fuses
+            codes = (codes[:, None] >> jnp.array([4, 0], jnp.uint8)) & jnp.uint8(0xF)
         table = jnp.asarray(qmap(8 if form == "8bit" else 4, signed))
-        values = jnp.take(table, codes.astype(jnp.int32).reshape(rows, -1))
+        values = table[codes.reshape(rows, -1)]  # unsigned indices: no wrap of negatives
     return (values * scale.astype(jnp.float32)[:, None]).reshape(shape)
 
 
