@@ -1,24 +1,34 @@
 """The eager backend: jitted calls of the rule per parameter group and device.
 
-Each parameter keeps its own arrays and its state (the rule's NamedTuple,
-begun by `lucid.optim._engine.state.begin`, the same function the compiled
-backend begins states with, so compiling changes speed, never numbers).
+Each parameter keeps its own value array, and its state is its rule's
+NamedTuple, begun by `lucid.optim._engine.state.begin`, the same function the
+compiled backend begins states with, so compiling changes speed, never numbers.
 
-A step costs what its host code costs when the arrays are small, so the work
-done per parameter is kept to what must be done at every step: read the value
-and the gradient, write the new value and state back. Everything that depends
-only on the step's *structure* (which parameters, which of them have
-gradients, their shapes, dtypes and devices, the static flags, the states'
-structure) is planned once (`_Plan`) and checked again, cheaply, at the next
-step: the same parameters in the same groups with gradients in the same
-places, the same flags, no state loaded since; the executables compiled for
-the last step (``jax.jit(...).lower(...).compile()``) then check the shapes,
-dtypes and placements of every array as they are called, before anything
-runs. Any difference falls back to the full, checking path, which gives
-torch's errors and plans again. On the CPU a group's small parameters run
-in calls small enough for XLA to run them on the calling thread
-(`CHEAP_FLOPS`), each parameter's update the same program as in one call for
-the whole group, so the numbers are the same bit for bit.
+A step costs what its host code costs when the arrays are small, and on the
+host every array a call takes, and much more every array it returns, costs
+time of its own. So an elementwise rule's small parameters (at most `SMALL`
+elements) whose states share a structure run *laid end to end*
+(`flat_program`): a call takes their values and gradients, lays them end to
+end inside the program, applies the rule once to the flat buffers and cuts
+the values back; their states stay flat between steps (one buffer per field
+for the whole call; a 0-d field such as ``step`` once, which every member
+shares: members are grouped by its value). Elementwise math gives every
+element its own parameter's numbers bit for bit. Such calls hold at most
+`CHUNK` parameters (XLA compiles each cut as a kernel of its own; calls of
+the same shapes share one executable). `states()` cuts the flat states per
+parameter on demand, once per step. Other parameters (a rule that is not
+elementwise, a large or sharded parameter, a sparse gradient) run through
+`group_program`, one call per group, device domain and state structure.
+
+Everything that depends only on the step's *structure* (which parameters,
+which of them have gradients, their shapes, dtypes and devices, the static
+flags, the states' structure) is planned once (`_Plan`) and checked again,
+cheaply, at the next step: the same parameters in the same groups with
+gradients in the same places, the same flags, no state loaded since; the
+executables compiled for the last step (``jax.jit(...).lower(...).compile()``)
+then check the shapes, dtypes and placements of every array as they are
+called, before anything runs. Any difference falls back to the full, checking
+path, which gives torch's errors and plans again.
 """
 
 from __future__ import annotations
