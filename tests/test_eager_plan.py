@@ -177,7 +177,8 @@ def test_parameters_laid_end_to_end_equal_per_parameter_calls_bit_for_bit(
     most CHUNK); the numbers are those of the per-parameter program (every parameter
     its own update), through a missing gradient (states whose steps then differ)."""
     runs = []
-    for small, chunk in ((-1, eager.CHUNK), (eager.SMALL, 2)):
+    # per parameter; flat, each group in calls of 2; flat, both groups in one call
+    for small, chunk in ((-1, eager.CHUNK), (eager.SMALL, 2), (eager.SMALL, eager.CHUNK)):
         monkeypatch.setattr(eager, "SMALL", small)
         monkeypatch.setattr(eager, "CHUNK", chunk)
         params, opt = _lucid(name, options, np.float32)
@@ -187,14 +188,15 @@ def test_parameters_laid_end_to_end_equal_per_parameter_calls_bit_for_bit(
         flat = any(b.layout is not None for plan in opt.backend._plans for b in plan.batches)
         assert flat == (small > 0)  # the path this run promises to take
         runs.append(_snapshot(params, opt))
-    (values_1, states_1), (values_flat, states_flat) = runs
-    for a, b in zip(values_1, values_flat):
-        np.testing.assert_array_equal(a, b, strict=True)
-    assert states_1.keys() == states_flat.keys()
-    for i in states_1:
-        assert states_1[i].keys() == states_flat[i].keys()
-        for key in states_1[i]:
-            np.testing.assert_array_equal(states_1[i][key], states_flat[i][key], strict=True)
+    (values_1, states_1), *flat_runs = runs
+    for values_flat, states_flat in flat_runs:
+        for a, b in zip(values_1, values_flat):
+            np.testing.assert_array_equal(a, b, strict=True)
+        assert states_1.keys() == states_flat.keys()
+        for i in states_1:
+            assert states_1[i].keys() == states_flat[i].keys()
+            for key in states_1[i]:
+                np.testing.assert_array_equal(states_1[i][key], states_flat[i][key], strict=True)
 
 
 @pytest.mark.parametrize(
@@ -214,6 +216,19 @@ def test_a_large_group_of_small_parameters_steps_in_few_calls(name, options, mon
         opt.step()
     assert opt.backend.calls - before == 3 * (4 + 3)  # ceil(60 / 16) + ceil(40 / 16)
     assert all(len(b.params) <= 16 for plan in opt.backend._plans for b in plan.batches)
+
+
+def test_small_groups_share_one_call():
+    """Several small groups of an elementwise rule on one device run in one call."""
+    params = [lucid.Parameter(jnp.full((3,), i, jnp.float32)) for i in range(12)]
+    groups = [{"params": params[i : i + 3], "lr": 0.01 * (i + 1)} for i in range(0, 12, 3)]
+    opt = lucid.optim.SGD(groups, lr=0.1, momentum=0.9)
+    for p in params:
+        p.grad = jnp.ones((3,), jnp.float32)
+    opt.step()
+    before = opt.backend.calls
+    opt.step()
+    assert opt.backend.calls - before == 1
 
 
 def test_the_state_read_between_steps_is_the_state_stepped_on():

@@ -123,24 +123,32 @@ class FlatLayout(NamedTuple):
         ]
 
 
-@functools.lru_cache(maxsize=PROGRAMS_KEPT)
-def flat_program(
-    rule: Rule, flags: tuple[tuple[str, Any], ...], names: tuple[str, ...], layout: FlatLayout
-) -> Callable:
-    """One jitted function per (elementwise rule, static flags, hyper-parameter names,
-    layout): the members' values and gradients laid end to end, the rule applied once
-    to the flat buffers with the members' state as one flat state (elementwise math:
-    every element's numbers are those of its own parameter's update), the values cut
-    back. The state stays flat between steps: one output per state field, not one
-    per parameter and field (each output is an array the host must wrap)."""
-    options = dict(flags)
+Segment = tuple[tuple[tuple[str, Any], ...], tuple[str, ...], FlatLayout]
 
-    def run(vector, params, grads, state):
-        hyper = {name: vector[i] for i, name in enumerate(names)}
-        value, state = apply_leaf(
-            rule, options, hyper, layout.join(params), layout.join(grads), state
-        )
-        return layout.split(value), state
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
+    """One jitted function per (elementwise rule, segments), a segment being the
+    static flags, hyper-parameter names and layout of some parameters of one group:
+    per segment, its members' values and gradients laid end to end, the rule applied
+    once to the flat buffers with the members' state as one flat state (elementwise
+    math: every element's numbers are those of its own parameter's update), the
+    values cut back. The state stays flat between steps: one output per state field,
+    not one per parameter and field (each output is an array the host must wrap);
+    several groups' segments share a call (each call has a cost of its own)."""
+
+    def run(vectors, params, grads, states):
+        new_values, new_states = [], []
+        for (flags, names, layout), vector, p, g, state in zip(
+            segments, vectors, params, grads, states
+        ):
+            hyper = {name: vector[i] for i, name in enumerate(names)}
+            value, state = apply_leaf(
+                rule, dict(flags), hyper, layout.join(p), layout.join(g), state
+            )
+            new_values.append(layout.split(value))
+            new_states.append(state)
+        return new_values, new_states
 
     return jax.jit(run)
 
@@ -204,7 +212,7 @@ class _Batch:
     last step (``None`` until that step ran) and, where the states live in flat
     buffers (``layout``), those buffers."""
 
-    __slots__ = ("dtype", "layout", "members", "params", "run", "state", "whole")
+    __slots__ = ("dtype", "layout", "members", "params", "run", "segment", "slot", "state", "whole")
 
     def __init__(
         self,
@@ -221,6 +229,19 @@ class _Batch:
         self.whole = whole  # the members are the whole group, in order
         self.run: Any = None
         self.state: Any = None  # the flat state buffers (with a layout)
+        self.segment: Segment | None = None  # with a layout: its part of a flat call
+        self.slot = 0  # with a layout: its position among the step's flat batches
+
+
+class _Call:
+    """One call of `flat_program`: flat batches of one device domain, of one or
+    several groups, and the executable compiled for their last step."""
+
+    __slots__ = ("batches", "run")
+
+    def __init__(self, batches: list[_Batch]) -> None:
+        self.batches = batches
+        self.run: Any = None
 
 
 class _Plan:
@@ -257,6 +278,7 @@ class EagerBackend:
         self._snapshot: dict[Parameter, Any] | None = None  # every state, until a step
         # one plan per group position, as the last step ran it; None: plan again
         self._plans: list[_Plan] | None = None
+        self._calls: list[_Call] = []  # the flat calls of the plans
         self.calls = 0  # executables called by steps (for tests of the structure)
 
     def _all_states(self) -> dict[Parameter, Any]:
@@ -312,21 +334,21 @@ class EagerBackend:
             ]
             self._plans = self._compile(plans, work)
             store = self._states
-            self._packed = []
-            for _, batch, *_ in work:
-                if batch.layout is not None:
-                    self._packed.append(batch)
-                    for p in batch.params:
-                        store.pop(p, None)
+            self._packed = [b for _, unit, *_ in work if type(unit) is _Call for b in unit.batches]
+            for batch in self._packed:
+                for p in batch.params:
+                    store.pop(p, None)
         self.calls += len(work)
         # write back
         store = self._states
-        for (_, batch, *_), (new_values, new_states) in zip(work, results):
-            set_values(batch.params, new_values)
-            if batch.layout is None:
-                store.update(zip(batch.params, new_states))
+        for (_, unit, *_), (new_values, new_states) in zip(work, results):
+            if type(unit) is _Call:
+                for batch, values, state in zip(unit.batches, new_values, new_states):
+                    set_values(batch.params, values)
+                    batch.state = state
             else:
-                batch.state = new_states
+                set_values(unit.params, new_values)
+                store.update(zip(unit.params, new_states))
         self._snapshot = None
 
     def _replan(self, groups: Sequence[Group]) -> list[tuple] | None:
@@ -338,6 +360,7 @@ class EagerBackend:
             return None
         store = self._states
         work = []
+        flat: list[tuple] = [()] * len(self._packed)
         for group, plan in zip(groups, plans):
             names, values, flags = group.hyper
             params = group.params
@@ -349,18 +372,18 @@ class EagerBackend:
             if list(map(operator.is_not, grads, plan.nones)) != plan.has_grad:
                 return None
             for batch in plan.batches:
+                vector = np.asarray(values, batch.dtype)
+                batch_grads = grads if batch.whole else [grads[i] for i in batch.members]
+                if batch.layout is not None:
+                    flat[batch.slot] = (vector, values_of(batch.params), batch_grads, batch.state)
+                    continue
+                states = [store[p] for p in batch.params]
                 work.append(
-                    (
-                        batch.run,
-                        batch,
-                        np.asarray(values, batch.dtype),
-                        values_of(batch.params),
-                        grads if batch.whole else [grads[i] for i in batch.members],
-                        batch.state
-                        if batch.layout is not None
-                        else [store[p] for p in batch.params],
-                    )
+                    (batch.run, batch, vector, values_of(batch.params), batch_grads, states)
                 )
+        for call in self._calls:
+            parts = [flat[b.slot] for b in call.batches]
+            work.append((call.run, call, *(list(x) for x in zip(*parts))))
         return work
 
     def _plan(self, groups: Sequence[Group]) -> tuple[list[tuple], list[_Plan | None]]:
@@ -371,6 +394,8 @@ class EagerBackend:
         rule = self.rule
         work = []
         plans = []
+        flat: list[tuple] = []  # (domain, batch, arguments) of the flat batches
+        calls_args: list[tuple[_Call, list[tuple]]] = []
         for group in groups:
             all_params = list(group.params)
             grads = [p.grad for p in all_params]
@@ -416,14 +441,13 @@ class EagerBackend:
             for (domain, kind, *_), members in calls.items():
                 dtype = np.float64 if domain in wide else np.float32
                 member_states = [states[i] for i in members]
-                layout, run, state = None, program, member_states
+                layout, state = None, member_states
                 if kind is not None:
                     fields = states[members[0]]._fields
                     layout = FlatLayout(
                         tuple(tuple(params[i].shape) for i in members),
                         tuple(name in rule.scalar_state for name in fields),
                     )
-                    run = flat_program(rule, key, names, layout)
                     state = _state_joiner(layout)(member_states)
                 batch = _Batch(
                     [positions[i] for i in members],
@@ -433,16 +457,38 @@ class EagerBackend:
                     len(members) == len(all_params),
                 )
                 batches_.append(batch)
-                work.append(
-                    (
-                        run,
-                        batch,
-                        np.asarray(values, dtype),
-                        [p.data for p in batch.params],
-                        [grads[positions[i]] for i in members],
-                        state,
-                    )
+                args = (
+                    np.asarray(values, dtype),
+                    [p.data for p in batch.params],
+                    [grads[positions[i]] for i in members],
+                    state,
                 )
+                if layout is None:
+                    work.append((program, batch, *args))
+                else:
+                    batch.segment = (key, names, layout)
+                    flat.append((domain, batch, args))
+        # the flat batches in calls of at most CHUNK parameters, per device domain, in
+        # order (several small groups share one call)
+        self._calls = []
+        open_calls: dict[Any, tuple[_Call, list[tuple]]] = {}
+        for slot, (domain, batch, args) in enumerate(flat):
+            batch.slot = slot
+            current = open_calls.get(domain)
+            if (
+                current is None
+                or sum(len(b.params) for b in current[0].batches) + len(batch.params) > CHUNK
+            ):
+                current = (_Call([]), [])
+                open_calls[domain] = current
+                self._calls.append(current[0])
+                calls_args.append(current)
+            current[0].batches.append(batch)
+            current[1].append(args)
+        for call, parts in calls_args:
+            segments = tuple(b.segment for b in call.batches)
+            program = flat_program(rule, segments)
+            work.append((program, call, *(list(x) for x in zip(*parts))))
         return work, plans
 
     def _compile(self, plans: list[_Plan | None], work: list[tuple]) -> list[_Plan] | None:
@@ -451,6 +497,6 @@ class EagerBackend:
         group must take the checking path at every step."""
         if any(plan is None for plan in plans):
             return None
-        for program, batch, vector, values, grads, state in work:
-            batch.run = program.lower(vector, values, grads, state).compile()
+        for program, unit, *args in work:
+            unit.run = program.lower(*args).compile()
         return plans  # type: ignore[return-value]
