@@ -146,7 +146,10 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
             value, state = apply_leaf(
                 rule, dict(flags), hyper, layout.join(p), layout.join(g), state
             )
-            new_values.append(layout.split(value))
+            # the new values made whole before they are cut: XLA would otherwise fuse the
+            # update into every cut, and count its operations once per cut, which takes
+            # a call of a few small parameters off the calling thread (`CHEAP_FLOPS`)
+            new_values.append(layout.split(jax.lax.optimization_barrier(value)))
             new_states.append(state)
         return new_values, new_states
 
