@@ -133,12 +133,12 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
     per segment, its members' values and gradients laid end to end, the rule applied
     once to the flat buffers with the members' state as one flat state (elementwise
     math: every element's numbers are those of its own parameter's update), the
-    values cut back (the flat values returned too, see below). The state stays flat between steps: one output per state field,
+    values cut back. The state stays flat between steps: one output per state field,
     not one per parameter and field (each output is an array the host must wrap);
     several groups' segments share a call (each call has a cost of its own)."""
 
     def run(vectors, params, grads, states):
-        new_values, new_states, wholes = [], [], []
+        new_values, new_states = [], []
         for (flags, names, layout), vector, p, g, state in zip(
             segments, vectors, params, grads, states
         ):
@@ -147,14 +147,8 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
                 rule, dict(flags), hyper, layout.join(p), layout.join(g), state
             )
             new_values.append(layout.split(value))
-            # the flat new values returned too (and dropped): XLA then computes them once
-            # instead of fusing the update into every cut, where its cost analysis counts
-            # the whole update once per cut, and XLA:CPU runs a program it counts at
-            # 1000 operations or more on its thread pool, whose wake-up costs more than
-            # a step of a few small parameters
-            wholes.append(value)
             new_states.append(state)
-        return new_values, new_states, wholes
+        return new_values, new_states
 
     return jax.jit(run)
 
@@ -347,7 +341,7 @@ class EagerBackend:
         self.calls += len(work)
         # write back
         store = self._states
-        for (_, unit, *_), (new_values, new_states, *_) in zip(work, results):
+        for (_, unit, *_), (new_values, new_states) in zip(work, results):
             if type(unit) is _Call:
                 for batch, values, state in zip(unit.batches, new_values, new_states):
                     set_values(batch.params, values)
