@@ -200,6 +200,45 @@ def test_parameters_laid_end_to_end_equal_per_parameter_calls_bit_for_bit(
 
 
 @pytest.mark.parametrize(
+    "name,options",
+    [
+        ("RAdam", {"lr": 0.01, "betas": (0.9, 0.9999)}),
+        ("Adam", {"lr": 0.01, "weight_decay": 0.1}),
+        ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
+    ],
+    ids=["RAdam", "Adam", "SGD"],
+)
+def test_many_parameters_in_one_flat_call_equal_per_parameter_calls_bit_for_bit(
+    name, options, monkeypatch
+):
+    """40 parameters of mixed shapes in two groups, laid end to end in one call, give
+    the per-parameter program's numbers (XLA fuses a larger call otherwise)."""
+    rng = np.random.default_rng(1)
+    shapes = [(1 + i % 5, 1 + i % 3) if i % 2 else (1 + i % 7,) for i in range(40)]
+    start = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    grads = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(2)]
+    runs = []
+    for small in (-1, eager.SMALL):
+        monkeypatch.setattr(eager, "SMALL", small)
+        params = [lucid.Parameter(jnp.asarray(v)) for v in start]
+        groups = [{"params": params[:25]}, {"params": params[25:], "lr": options["lr"] / 3}]
+        opt = getattr(lucid.optim, name)(groups, **options)
+        for k in range(2):
+            for p, g in zip(params, grads[k]):
+                p.grad = jnp.asarray(g)
+            opt.step()
+        if small > 0:
+            assert len(opt.backend._calls) == 1  # both groups in one flat call
+        runs.append(_snapshot(params, opt))
+    (values_1, states_1), (values_flat, states_flat) = runs
+    for a, b in zip(values_1, values_flat):
+        np.testing.assert_array_equal(a, b, strict=True)
+    for i in states_1:
+        for key in states_1[i]:
+            np.testing.assert_array_equal(states_1[i][key], states_flat[i][key], strict=True)
+
+
+@pytest.mark.parametrize(
     "name,options", [("Adam", {"lr": 0.01}), ("SGD", {"lr": 0.05, "momentum": 0.9})]
 )
 def test_a_large_group_of_small_parameters_steps_in_few_calls(name, options, monkeypatch):
