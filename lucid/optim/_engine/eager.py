@@ -6,14 +6,16 @@ compiled backend begins states with, so compiling changes speed, never numbers.
 
 A step costs what its host code costs when the arrays are small, and on the
 host every array a call takes, and much more every array it returns, costs
-time of its own. So an elementwise rule's small parameters (at most `SMALL`
-elements) whose states share a structure run *laid end to end*
-(`flat_program`): a call takes their values and gradients, lays them end to
+time of its own. So (with jax 0.10 or later: `FLAT`) an elementwise rule's
+small parameters (at most `SMALL` elements) whose states share a structure run
+*laid end to end* (`flat_program`): a call takes their values and gradients, lays them end to
 end inside the program, applies the rule once to the flat buffers and cuts
 the values back; their states stay flat between steps (one buffer per field
 for the whole call; a 0-d field such as ``step`` once, which every member
 shares: members are grouped by its value). Elementwise math gives every
-element its own parameter's numbers bit for bit. Such calls hold at most
+element its own parameter's numbers, bit for bit as XLA compiles it in jax 0.10
+(the tests check every elementwise family against the per-parameter program;
+older XLA differs in the last bit, hence `FLAT`). Such calls hold at most
 `CHUNK` parameters (XLA compiles each cut as a kernel of its own; calls of
 the same shapes share one executable). `states()` cuts the flat states per
 parameter on demand, once per step. Other parameters (a rule that is not
@@ -57,6 +59,11 @@ from .state import begin, packed_hyper
 # parameters, while calls of the same shapes share one executable
 SMALL = 1 << 14
 CHUNK = 128
+# laid end to end, a rule's numbers are the per-parameter program's bit for bit with the
+# XLA of jax 0.10 (tests/test_eager_plan.py checks every elementwise family); older
+# XLA:CPU compiles the flat update differently in the last bit (jax 0.4.35: Adam,
+# Adadelta, RAdam, NAdam), so there every parameter keeps its own program
+FLAT = tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 10)
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -425,7 +432,7 @@ class EagerBackend:
             calls: dict[Any, list[int]] = {}
             for i, p in enumerate(params):
                 kind = None
-                if not sparse and p.size <= SMALL:
+                if FLAT and not sparse and p.size <= SMALL:
                     kind = _flat_kind(rule, states[i], p.data)
                 members = calls.setdefault((device_domain(p.data), kind), [])
                 members.append(i)
