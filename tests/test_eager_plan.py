@@ -304,3 +304,28 @@ def test_the_state_read_between_steps_is_the_state_stepped_on():
     # buffer 0.9 * 0 + g: the step moved by lr * g exactly as from a zero buffer
     expected = before - np.float32(0.05) * np.asarray(GRADS[1][1], np.float32)
     chex.assert_trees_all_close(np.asarray(params[1].data), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,options", _family_cases(), ids=[case_id(c) for c in _family_cases()])
+def test_a_group_in_one_call_equals_calls_of_one_parameter_bit_for_bit(name, options):
+    """Every parameter of a group in one call of its program (as a step runs a group
+    whose parameters are not laid end to end) gives the numbers of one call per
+    parameter (as a step split them before) bit for bit."""
+    from lucid.functional._rule import hyper_values
+    from lucid.optim._engine.state import begin, packed_hyper
+
+    opt = getattr(lucid.optim, name)([lucid.Parameter(jnp.zeros(2))], **options)
+    rule, group = opt.rule, opt.param_groups[0]
+    names, values, flags = hyper_values(rule, group)
+    program = eager.group_program(rule, tuple(sorted(flags.items())), names)
+    vector = np.asarray(values, np.float32)
+    params = [jnp.asarray(v, jnp.float32) for v in START]
+    grads = [jnp.asarray(g, jnp.float32) for g in GRADS[0]]
+    states = [begin(rule, flags, packed_hyper(rule, group), None, p) for p in params]
+    together = program(vector, params, grads, states)
+    for i in range(len(params)):
+        alone = program(vector, [params[i]], [grads[i]], [states[i]])
+        chex.assert_trees_all_equal(
+            jax.tree_util.tree_map(np.asarray, (together[0][i], together[1][i])),
+            jax.tree_util.tree_map(np.asarray, (alone[0][0], alone[1][0])),
+        )
