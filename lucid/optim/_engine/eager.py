@@ -6,8 +6,8 @@ compiled backend begins states with, so compiling changes speed, never numbers.
 
 A step costs what its host code costs when the arrays are small, and on the
 host every array a call takes, and much more every array it returns, costs
-time of its own. So (with jax 0.10 or later: `FLAT`) an elementwise rule's
-small parameters (at most `SMALL` elements) whose states share a structure run
+time of its own. So, on the CPU (with jax 0.10 or later: `FLAT`), an elementwise
+rule's small parameters (at most `SMALL` elements) whose states share a structure run
 *laid end to end* (`flat_program`): a call takes their values and gradients, lays them end to
 end inside the program, applies the rule once to the flat buffers and cuts
 the values back; their states stay flat between steps (one buffer per field
@@ -188,11 +188,14 @@ def _flat_kind(rule: Rule, state: Any, value: Any) -> tuple | None:
     """What members of one flat call must share (their state's structure, dtypes and
     0-d values, the value's dtype), or ``None`` where a parameter's state cannot be
     laid flat: a rule that is not elementwise, an array spread over several
-    devices, a field that is neither the value's shape nor 0-d, a weakly typed or
+    devices or on an accelerator (where the flat numbers have not been checked
+    against the per-parameter program's, and a step is not host-bound the same
+    way), a field that is neither the value's shape nor 0-d, a weakly typed or
     host array."""
     if not rule.elementwise or not isinstance(value, jax.Array):
         return None
-    if len(value.sharding.device_set) != 1:
+    devices = value.sharding.device_set
+    if len(devices) != 1 or next(iter(devices)).platform != "cpu":
         return None
     kind: list[Any] = [value.dtype, type(state)]
     for name, field in zip(state._fields, state):
