@@ -9,8 +9,8 @@ implementation runs in this one process on the CPU, torch on one thread
 groups, for Adam, AdamW and SGD with momentum 0.9:
 
 * ``lucid eager``: ``opt.step()`` of a lucid optimizer, waiting for its results
-  at the end of each step (the last parameter of every group: each group's
-  update is one executable, run in order);
+  at the end of each step (every parameter's new value: a group may run in
+  several executables);
 * ``lucid compiled``: the same after ``lucid.compile_optimizer(opt)``, waiting
   for the flat buffer;
 * ``torch foreach`` and ``torch for-loop``: ``torch.optim``'s ``foreach=True``
@@ -79,7 +79,7 @@ def lucid_step(name: str, n: int, groups: int, compiled: bool) -> Callable[[], N
             storage, _ = lasts[-1].location
             jax.block_until_ready(storage.values)  # the flat buffer: no slice
         else:
-            jax.block_until_ready([p.data for p in lasts])
+            jax.block_until_ready([p.data for p in params])
 
     return step
 

@@ -243,3 +243,21 @@ class Parameter:
         grad = "None" if grad is None else f"array{tuple(grad.shape)}"
         body = np.array2string(np.asarray(self.data), prefix="Parameter(", threshold=20)
         return f"Parameter({body}, dtype={self.dtype}, grad={grad})"
+
+
+def values_of(params: list[Parameter]) -> list[jax.Array]:
+    """The current values of ``params`` (``[p.data for p in params]``, read without
+    the property's call per parameter: an optimizer's step reads every one)."""
+    return [p._storage.value(p._index) for p in params]
+
+
+def grads_of(params: list[Parameter]) -> list[Any]:
+    """The gradients of ``params`` (``[p.grad for p in params]``, as `values_of`)."""
+    return [p._storage.grad(p._index) for p in params]
+
+
+def set_values(params: list[Parameter], values: list[jax.Array]) -> None:
+    """Write ``values`` as the values of ``params``: arrays a step made for them, of
+    their shapes and dtypes (no conversion, no check)."""
+    for p, value in zip(params, values):
+        p._storage.set_value(p._index, value)

@@ -6,10 +6,13 @@ of structure, and keep torch's errors and numbers."""
 from __future__ import annotations
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from cases import CASES as ALL_CASES
+from cases import case_id
 
 import lucid
 from lucid.optim._engine import eager
@@ -155,29 +158,174 @@ def test_planned_steps_follow_torch_through_changes_of_structure():
     step(6)
 
 
-@pytest.mark.parametrize("name,options", CASES[:3], ids=[c[0] for c in CASES[:3]])
-def test_a_group_in_calls_of_one_parameter_equals_one_call_bit_for_bit(name, options, monkeypatch):
-    """On the CPU a step runs a group's small parameters in several calls (small
-    programs run on the calling thread); the numbers are those of one call."""
+FLAT_ONLY = pytest.mark.skipif(
+    not eager.FLAT, reason="flat calls are off with this jax (numbers differ in the last bit)"
+)
+
+
+def test_flat_calls_are_on_with_jax_0_10_and_later():
+    """The flat path runs where its numbers were checked bit for bit (jax 0.10 and
+    later); with an older jax every parameter keeps its own program."""
+    params, opt = _lucid("Adam", {"lr": 0.01}, np.float32)
+    _set_grads(params, 0, np.float32)
+    opt.step()
+    flat = any(b.layout is not None for plan in opt.backend._plans for b in plan.batches)
+    major_minor = tuple(int(x) for x in jax.__version__.split(".")[:2])
+    assert flat == (major_minor >= (0, 10))
+
+
+def _family_cases():
+    """One option set per elementwise rule family of tests/cases.py (its last: the
+    most options), and Adam with amsgrad."""
+    last = {}
+    for name, options in ALL_CASES:
+        if getattr(lucid.optim, name).rule.elementwise:
+            last[name] = options
+    return [(name, options) for name, options in last.items()] + [
+        ("Adam", {"lr": 0.01, "amsgrad": True})
+    ]
+
+
+@FLAT_ONLY
+@pytest.mark.parametrize("name,options", _family_cases(), ids=[case_id(c) for c in _family_cases()])
+def test_parameters_laid_end_to_end_equal_per_parameter_calls_bit_for_bit(
+    name, options, monkeypatch
+):
+    """An elementwise rule's small parameters run laid end to end (in calls of at
+    most CHUNK); the numbers are those of the per-parameter program (every parameter
+    its own update), through a missing gradient (states whose steps then differ)."""
     runs = []
-    for split in (lambda members, *_: [[i] for i in members], lambda members, *_: [members]):
-        monkeypatch.setattr(eager, "_calls", split)
+    # per parameter; flat, each group in calls of 2; flat, both groups in one call
+    for small, chunk in ((-1, eager.CHUNK), (eager.SMALL, 2), (eager.SMALL, eager.CHUNK)):
+        monkeypatch.setattr(eager, "SMALL", small)
+        monkeypatch.setattr(eager, "CHUNK", chunk)
         params, opt = _lucid(name, options, np.float32)
-        for k in range(3):
-            _set_grads(params, k, np.float32)
+        for k in range(4):
+            _set_grads(params, k, np.float32, missing=0 if k == 1 else None)
             opt.step()
+        flat = any(b.layout is not None for plan in opt.backend._plans for b in plan.batches)
+        assert flat == (small > 0)  # the path this run promises to take
         runs.append(_snapshot(params, opt))
-    (values_1, states_1), (values_all, states_all) = runs
-    for a, b in zip(values_1, values_all):
+    (values_1, states_1), *flat_runs = runs
+    for values_flat, states_flat in flat_runs:
+        for a, b in zip(values_1, values_flat):
+            np.testing.assert_array_equal(a, b, strict=True)
+        assert states_1.keys() == states_flat.keys()
+        for i in states_1:
+            assert states_1[i].keys() == states_flat[i].keys()
+            for key in states_1[i]:
+                np.testing.assert_array_equal(states_1[i][key], states_flat[i][key], strict=True)
+
+
+@FLAT_ONLY
+@pytest.mark.parametrize(
+    "name,options",
+    [*_family_cases(), ("RAdam", {"lr": 0.01, "betas": (0.9, 0.9999)})],
+    ids=[case_id(c) for c in _family_cases()] + ["RAdam-worst"],
+)
+def test_many_parameters_in_one_flat_call_equal_per_parameter_calls_bit_for_bit(
+    name, options, monkeypatch
+):
+    """40 parameters of mixed shapes in two groups, laid end to end in one call, give
+    the per-parameter program's numbers (XLA fuses a larger call otherwise)."""
+    rng = np.random.default_rng(1)
+    shapes = [(1 + i % 5, 1 + i % 3) if i % 2 else (1 + i % 7,) for i in range(40)]
+    start = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    grads = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(2)]
+    runs = []
+    for small in (-1, eager.SMALL):
+        monkeypatch.setattr(eager, "SMALL", small)
+        params = [lucid.Parameter(jnp.asarray(v)) for v in start]
+        groups = [{"params": params[:25]}, {"params": params[25:], "lr": options["lr"] / 3}]
+        opt = getattr(lucid.optim, name)(groups, **options)
+        for k in range(2):
+            for p, g in zip(params, grads[k]):
+                p.grad = jnp.asarray(g)
+            opt.step()
+        if small > 0:
+            assert len(opt.backend._calls) == 1  # both groups in one flat call
+        runs.append(_snapshot(params, opt))
+    (values_1, states_1), (values_flat, states_flat) = runs
+    for a, b in zip(values_1, values_flat):
         np.testing.assert_array_equal(a, b, strict=True)
-    for i in states_all:
-        for key in states_all[i]:
-            np.testing.assert_array_equal(states_1[i][key], states_all[i][key], strict=True)
+    for i in states_1:
+        for key in states_1[i]:
+            np.testing.assert_array_equal(states_1[i][key], states_flat[i][key], strict=True)
 
 
-def test_small_parameters_go_in_calls_under_the_cheap_size_and_large_ones_in_one():
-    flops = eager.CHEAP_FLOPS
-    sizes = [10, 10, 10, 100, 10, 100]
-    per_element = flops / 25  # a size-10 parameter: 0.4 of a cheap call; 100: 4
-    assert eager._calls(list(range(6)), sizes, per_element) == [[0, 1], [2, 4], [3, 5]]
-    assert eager._calls([0, 1], sizes, 0.0) == [[0, 1]]  # no estimate: one call
+@FLAT_ONLY
+@pytest.mark.parametrize(
+    "name,options", [("Adam", {"lr": 0.01}), ("SGD", {"lr": 0.05, "momentum": 0.9})]
+)
+def test_a_large_group_of_small_parameters_steps_in_few_calls(name, options, monkeypatch):
+    """A group of n small parameters of an elementwise rule on one device runs in
+    ceil(n / CHUNK) executable calls per step, planned once: no call per parameter."""
+    monkeypatch.setattr(eager, "CHUNK", 16)
+    params = [lucid.Parameter(jnp.full((3,), i, jnp.float32)) for i in range(100)]
+    opt = getattr(lucid.optim, name)([{"params": params[:60]}, {"params": params[60:]}], **options)
+    for p in params:
+        p.grad = jnp.ones((3,), jnp.float32)
+    opt.step()
+    before = opt.backend.calls
+    for _ in range(3):
+        opt.step()
+    assert opt.backend.calls - before == 3 * (4 + 3)  # ceil(60 / 16) + ceil(40 / 16)
+    assert all(len(b.params) <= 16 for plan in opt.backend._plans for b in plan.batches)
+
+
+@FLAT_ONLY
+def test_small_groups_share_one_call():
+    """Several small groups of an elementwise rule on one device run in one call."""
+    params = [lucid.Parameter(jnp.full((3,), i, jnp.float32)) for i in range(12)]
+    groups = [{"params": params[i : i + 3], "lr": 0.01 * (i + 1)} for i in range(0, 12, 3)]
+    opt = lucid.optim.SGD(groups, lr=0.1, momentum=0.9)
+    for p in params:
+        p.grad = jnp.ones((3,), jnp.float32)
+    opt.step()
+    before = opt.backend.calls
+    opt.step()
+    assert opt.backend.calls - before == 1
+
+
+def test_the_state_read_between_steps_is_the_state_stepped_on():
+    """opt.state read after a step shows the flat state cut per parameter; a write into
+    it reaches the next step (the flat state is rebuilt from it)."""
+    params, opt = _lucid("SGD", {"lr": 0.05, "momentum": 0.9}, np.float32)
+    _set_grads(params, 0, np.float32)
+    opt.step()
+    buffers = [np.asarray(opt.state[p]["momentum_buffer"]) for p in params]
+    for p, g, b in zip(params, GRADS[0], buffers):
+        np.testing.assert_array_equal(b, np.asarray(g, np.float32))  # torch's first buffer
+        assert b.shape == p.shape
+    opt.state[params[1]]["momentum_buffer"] = jnp.zeros(params[1].shape, jnp.float32)
+    before = np.asarray(params[1].data)
+    _set_grads(params, 1, np.float32)
+    opt.step()
+    # buffer 0.9 * 0 + g: the step moved by lr * g exactly as from a zero buffer
+    expected = before - np.float32(0.05) * np.asarray(GRADS[1][1], np.float32)
+    chex.assert_trees_all_close(np.asarray(params[1].data), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,options", _family_cases(), ids=[case_id(c) for c in _family_cases()])
+def test_a_group_in_one_call_equals_calls_of_one_parameter_bit_for_bit(name, options):
+    """Every parameter of a group in one call of its program (as a step runs a group
+    whose parameters are not laid end to end) gives the numbers of one call per
+    parameter (as a step split them before) bit for bit."""
+    from lucid.functional._rule import hyper_values
+    from lucid.optim._engine.state import begin, packed_hyper
+
+    opt = getattr(lucid.optim, name)([lucid.Parameter(jnp.zeros(2))], **options)
+    rule, group = opt.rule, opt.param_groups[0]
+    names, values, flags = hyper_values(rule, group)
+    program = eager.group_program(rule, tuple(sorted(flags.items())), names)
+    vector = np.asarray(values, np.float32)
+    params = [jnp.asarray(v, jnp.float32) for v in START]
+    grads = [jnp.asarray(g, jnp.float32) for g in GRADS[0]]
+    states = [begin(rule, flags, packed_hyper(rule, group), None, p) for p in params]
+    together = program(vector, params, grads, states)
+    for i in range(len(params)):
+        alone = program(vector, [params[i]], [grads[i]], [states[i]])
+        chex.assert_trees_all_equal(
+            jax.tree_util.tree_map(np.asarray, (together[0][i], together[1][i])),
+            jax.tree_util.tree_map(np.asarray, (alone[0][0], alone[1][0])),
+        )

@@ -1,88 +1,76 @@
 """The eager backend: jitted calls of the rule per parameter group and device.
 
-Each parameter keeps its own arrays and its state (the rule's NamedTuple,
-begun by `lucid.optim._engine.state.begin`, the same function the compiled
-backend begins states with, so compiling changes speed, never numbers).
+Each parameter keeps its own value array, and its state is its rule's
+NamedTuple, begun by `lucid.optim._engine.state.begin`, the same function the
+compiled backend begins states with, so compiling changes speed, never numbers.
 
-A step costs what its host code costs when the arrays are small, so the work
-done per parameter is kept to what must be done at every step: read the value
-and the gradient, write the new value and state back. Everything that depends
-only on the step's *structure* (which parameters, which of them have
-gradients, their shapes, dtypes and devices, the static flags, the states'
-structure) is planned once (`_Plan`) and checked again, cheaply, at the next
-step: the same parameters in the same groups with gradients in the same
-places, the same flags, no state loaded since; the executables compiled for
-the last step (``jax.jit(...).lower(...).compile()``) then check the shapes,
-dtypes and placements of every array as they are called, before anything
-runs. Any difference falls back to the full, checking path, which gives
-torch's errors and plans again. On the CPU a group's small parameters run
-in calls small enough for XLA to run them on the calling thread
-(`CHEAP_FLOPS`), each parameter's update the same program as in one call for
-the whole group, so the numbers are the same bit for bit.
+A step costs what its host code costs when the arrays are small, and on the
+host every array a call takes, and much more every array it returns, costs
+time of its own. So, on the CPU (with jax 0.10 or later: `FLAT`), an elementwise
+rule's small parameters (at most `SMALL` elements) whose states share a structure run
+*laid end to end* (`flat_program`): a call takes their values and gradients, lays them end to
+end inside the program, applies the rule once to the flat buffers and cuts
+the values back; their states stay flat between steps (one buffer per field
+for the whole call; a 0-d field such as ``step`` once, which every member
+shares: members are grouped by its value). Elementwise math gives every
+element its own parameter's numbers, bit for bit as XLA compiles it in jax 0.10
+(the tests check every elementwise family against the per-parameter program;
+older XLA differs in the last bit, hence `FLAT`). Such calls hold at most
+`CHUNK` parameters (XLA compiles each cut as a kernel of its own; calls of
+the same shapes share one executable). `states()` cuts the flat states per
+parameter on demand, once per step. Other parameters (a rule that is not
+elementwise, a large or sharded parameter, a sparse gradient) run through
+`group_program`, one call per group, device domain and state structure.
+
+Everything that depends only on the step's *structure* (which parameters,
+which of them have gradients, their shapes, dtypes and devices, the static
+flags, the states' structure) is planned once (`_Plan`) and checked again,
+cheaply, at the next step: the same parameters in the same groups with
+gradients in the same places, the same flags, no state loaded since; the
+executables compiled for the last step (``jax.jit(...).lower(...).compile()``)
+then check the shapes, dtypes and placements of every array as they are
+called, before anything runs. Any difference falls back to the full, checking
+path, which gives torch's errors and plans again.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..._arrays import device_domain
-from ..._parameter import Parameter
+from ..._parameter import Parameter, grads_of, set_values, values_of
 from ..._storage import check_grad
-from ...functional._rule import Rule, apply_leaves, check_sparse_grad, compute_dtype, is_sparse
+from ...functional._rule import (
+    Rule,
+    apply_leaf,
+    apply_leaves,
+    check_sparse_grad,
+    compute_dtype,
+    is_sparse,
+)
 from .interface import Group
 from .programs import PROGRAMS_KEPT, Placed
 from .state import begin, packed_hyper
 
-# XLA:CPU runs a program of fewer floating-point operations than this on the calling
-# thread and hands a larger one to its thread pool, whose wake-up costs more than the
-# update of a small parameter (on a busy machine, much more): on the CPU, a group's
-# small parameters run in calls under this size, its large ones in one call
-CHEAP_FLOPS = 1000.0
-
-
-def _on_cpu(array: Any) -> bool:
-    """Whether ``array`` lives on one of the host's CPU devices (an array spread over
-    several devices keeps one call: splitting it would multiply its collectives)."""
-    try:
-        devices = array.sharding.device_set
-    except AttributeError:  # not a jax array
-        return False
-    return len(devices) == 1 and next(iter(devices)).platform == "cpu"
-
-
-def _flops_per_element(program: Callable, vector: Any, value: Any, grad: Any, state: Any) -> float:
-    """The update's floating-point operations per element, as XLA counts them for one
-    parameter (0 where XLA gives no count: then no call is split)."""
-    try:
-        cost = program.lower(vector, [value], [grad], [state]).cost_analysis()
-        if isinstance(cost, list | tuple):
-            cost = cost[0]
-        return float(cost.get("flops", 0.0)) / max(int(np.prod(value.shape)), 1)
-    except Exception:  # an estimate only; without one, one call
-        return 0.0
-
-
-def _calls(members: list[int], sizes: list[int], per_element: float) -> list[list[int]]:
-    """``members`` in calls: the small ones in calls of fewer than `CHEAP_FLOPS`
-    operations, the large ones in one call."""
-    if per_element <= 0.0:
-        return [members]
-    calls, large, current, total = [], [], [], 0.0
-    for i in members:
-        flops = per_element * sizes[i]
-        if flops >= CHEAP_FLOPS:
-            large.append(i)
-            continue
-        if current and total + flops >= CHEAP_FLOPS:
-            calls.append(current)
-            current, total = [], 0.0
-        current.append(i)
-        total += flops
-    return [c for c in (*calls, current, large) if c]
+# an elementwise rule's parameters of at most SMALL elements run laid end to end, in
+# calls of at most CHUNK parameters: XLA compiles every output of a program (a cut of
+# the flat buffer) as a kernel of its own, so a call's compile time grows with its
+# parameters, while calls of the same shapes share one executable
+SMALL = 1 << 14
+CHUNK = 128
+# laid end to end, a rule's numbers are the per-parameter program's bit for bit with the
+# XLA of jax 0.10 (tests/test_eager_plan.py checks every elementwise family); older
+# XLA:CPU compiles the flat update differently in the last bit (jax 0.4.35: Adam,
+# Adadelta, RAdam, NAdam), so there every parameter keeps its own program
+FLAT = tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 10)
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -102,17 +90,175 @@ def group_program(
     return Placed(run, 1)
 
 
+class FlatLayout(NamedTuple):
+    """How one call of an elementwise rule lays its parameters end to end: their
+    shapes, in order, and which state fields hold one 0-d value for all of them
+    (the rule's ``scalar_state``; every other field is laid out as the values).
+    Hashable (a program's key); ``split`` and ``join`` are traceable and inverse to
+    each other."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    scalar: tuple[bool, ...]  # per state field
+
+    def join(self, arrays: Sequence[Any]) -> Any:
+        """Per-parameter arrays (of ``shapes``) as one flat buffer."""
+        return jnp.concatenate([a.reshape(-1) for a in arrays])
+
+    def split(self, flat: Any) -> list[Any]:
+        """A flat buffer as per-parameter arrays (the inverse of ``join``)."""
+        out, offset = [], 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            out.append(flat[offset : offset + size].reshape(shape))
+            offset += size
+        return out
+
+    def join_states(self, states: Sequence[Any]) -> Any:
+        """The members' states as one state of the flat buffer (a 0-d field: the first
+        member's, which every member has)."""
+        fields = []
+        for k, scalar in enumerate(self.scalar):
+            first = states[0][k]
+            if first is None or scalar:
+                fields.append(first)
+            else:
+                fields.append(self.join([s[k] for s in states]))
+        return type(states[0])(*fields)
+
+    def split_states(self, state: Any) -> list[Any]:
+        """The flat buffer's state as the members' states (the inverse of
+        ``join_states``)."""
+        cut = [
+            None if value is None or scalar else self.split(value)
+            for value, scalar in zip(state, self.scalar)
+        ]
+        return [
+            type(state)(*(v if c is None else c[i] for v, c in zip(state, cut)))
+            for i in range(len(self.shapes))
+        ]
+
+
+Segment = tuple[tuple[tuple[str, Any], ...], tuple[str, ...], FlatLayout]
+
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
+    """One jitted function per (elementwise rule, segments), a segment being the
+    static flags, hyper-parameter names and layout of some parameters of one group:
+    per segment, its members' values and gradients laid end to end, the rule applied
+    once to the flat buffers with the members' state as one flat state (elementwise
+    math: every element's numbers are those of its own parameter's update), the
+    values cut back. The state stays flat between steps: one output per state field,
+    not one per parameter and field (each output is an array the host must wrap);
+    several groups' segments share a call (each call has a cost of its own)."""
+
+    def run(vectors, params, grads, states):
+        new_values, new_states = [], []
+        for (flags, names, layout), vector, p, g, state in zip(
+            segments, vectors, params, grads, states
+        ):
+            hyper = {name: vector[i] for i, name in enumerate(names)}
+            value, state = apply_leaf(
+                rule, dict(flags), hyper, layout.join(p), layout.join(g), state
+            )
+            new_values.append(layout.split(value))
+            new_states.append(state)
+        return new_values, new_states
+
+    return jax.jit(run)
+
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def _field_splitter(layout: FlatLayout) -> Callable:
+    """Cuts a flat state's per-value fields (one list per field) in one call."""
+    return jax.jit(lambda fields: [layout.split(f) for f in fields])
+
+
+def _split_states(layout: FlatLayout, state: Any) -> list[Any]:
+    """`FlatLayout.split_states` as one call; the 0-d fields are shared, not copied."""
+    arrays = [f for f, scalar in zip(state, layout.scalar) if f is not None and not scalar]
+    cut = iter(_field_splitter(layout)(arrays))
+    per_field = [
+        None if f is None or scalar else next(cut) for f, scalar in zip(state, layout.scalar)
+    ]
+    return [
+        type(state)(*(f if c is None else c[i] for f, c in zip(state, per_field)))
+        for i in range(len(layout.shapes))
+    ]
+
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def _state_joiner(layout: FlatLayout) -> Callable:
+    return jax.jit(layout.join_states)
+
+
+def _flat_kind(rule: Rule, state: Any, value: Any) -> tuple | None:
+    """What members of one flat call must share (their state's structure, dtypes and
+    0-d values, the value's dtype), or ``None`` where a parameter's state cannot be
+    laid flat: a rule that is not elementwise, an array spread over several
+    devices or on an accelerator (where the flat numbers have not been checked
+    against the per-parameter program's, and a step is not host-bound the same
+    way), a field that is neither the value's shape nor 0-d, a weakly typed or
+    host array."""
+    if not rule.elementwise or not isinstance(value, jax.Array):
+        return None
+    devices = value.sharding.device_set
+    if len(devices) != 1 or next(iter(devices)).platform != "cpu":
+        return None
+    kind: list[Any] = [value.dtype, type(state)]
+    for name, field in zip(state._fields, state):
+        if field is None:
+            kind.append(None)
+            continue
+        if not isinstance(field, jax.Array) or field.weak_type:
+            return None
+        if len(field.sharding.device_set) != 1:
+            return None
+        if name in rule.scalar_state and field.shape == ():
+            # every member must hold the same 0-d value: read once, at planning
+            kind.append((field.dtype, np.asarray(field).tobytes()))
+        elif field.shape == value.shape:
+            kind.append(field.dtype)
+        else:
+            return None
+    return tuple(kind)
+
+
 class _Batch:
     """One call of a group's program: the group's parameters (with gradients) on one
-    device domain, and the executable compiled for their last step (``None`` until
-    that step ran)."""
+    device domain whose states share a structure, the executable compiled for their
+    last step (``None`` until that step ran) and, where the states live in flat
+    buffers (``layout``), those buffers."""
 
-    __slots__ = ("dtype", "members", "params", "run")
+    __slots__ = ("dtype", "layout", "members", "params", "run", "segment", "slot", "state", "whole")
 
-    def __init__(self, members: list[int], params: list[Parameter], dtype: Any) -> None:
+    def __init__(
+        self,
+        members: list[int],
+        params: list[Parameter],
+        dtype: Any,
+        layout: FlatLayout | None,
+        whole: bool,
+    ) -> None:
         self.members = members  # positions in the group's parameter list
         self.params = params
         self.dtype = dtype  # of the hyper-parameter vector
+        self.layout = layout  # None: the states stay per parameter
+        self.whole = whole  # the members are the whole group, in order
+        self.run: Any = None
+        self.state: Any = None  # the flat state buffers (with a layout)
+        self.segment: Segment | None = None  # with a layout: its part of a flat call
+        self.slot = 0  # with a layout: its position among the step's flat batches
+
+
+class _Call:
+    """One call of `flat_program`: flat batches of one device domain, of one or
+    several groups, and the executable compiled for their last step."""
+
+    __slots__ = ("batches", "run")
+
+    def __init__(self, batches: list[_Batch]) -> None:
+        self.batches = batches
         self.run: Any = None
 
 
@@ -120,7 +266,7 @@ class _Plan:
     """What one group's last step ran, reusable while the step's structure is the same:
     the group's parameters, which had gradients, the names and flags, the calls."""
 
-    __slots__ = ("batches", "flags", "has_grad", "names", "params")
+    __slots__ = ("batches", "flags", "has_grad", "names", "nones", "params")
 
     def __init__(
         self,
@@ -132,29 +278,57 @@ class _Plan:
     ) -> None:
         self.params = params
         self.has_grad = has_grad
+        self.nones = [None] * len(params)
         self.names = names
         self.flags = flags
         self.batches = batches
 
 
 class EagerBackend:
-    """Jitted calls of the rule per parameter group and device; state per parameter."""
+    """Jitted calls of the rule per parameter group and device; state per parameter
+    (held, between steps, in flat buffers per call)."""
 
     def __init__(self, rule: Rule, states: Mapping[Parameter, Any] | None = None) -> None:
         self.rule = rule
+        # the states no batch holds in its flat buffers
         self._states: dict[Parameter, Any] = dict(states or {})
+        self._packed: list[_Batch] = []  # the batches holding their members' states
+        self._snapshot: dict[Parameter, Any] | None = None  # every state, until a step
         # one plan per group position, as the last step ran it; None: plan again
         self._plans: list[_Plan] | None = None
+        self._calls: list[_Call] = []  # the flat calls of the plans
+        self.calls = 0  # executables called by steps (for tests of the structure)
+
+    def _all_states(self) -> dict[Parameter, Any]:
+        """Every state, the flat buffers split (once until the next step)."""
+        if self._snapshot is None:
+            merged = dict(self._states)
+            for batch in self._packed:
+                merged.update(zip(batch.params, _split_states(batch.layout, batch.state)))
+            self._snapshot = merged
+        return self._snapshot
 
     def states(self) -> dict[Parameter, Any]:
-        return dict(self._states)
+        return dict(self._all_states())
 
     def state_of(self, param: Parameter) -> Any:
-        return self._states.get(param)
+        state = self._states.get(param)
+        if state is None and self._packed:
+            state = self._all_states().get(param)
+        return state
 
     def load(self, states: Mapping[Parameter, Any]) -> None:
         self._states = dict(states)
+        self._packed = []
+        self._snapshot = None
         self._plans = None  # new states may have another structure: plan again
+
+    def _unpack(self) -> None:
+        """Every state per parameter again (the checking path plans from them)."""
+        if self._packed:
+            self._states = self._all_states()
+            self._packed = []
+            self._snapshot = None
 
     def step(self, groups: Sequence[Group]) -> None:
         work = self._replan(groups)
@@ -163,36 +337,48 @@ class EagerBackend:
                 # the executables check every array's shape, dtype and placement
                 # before running; nothing is written until every call has returned
                 results = [
-                    run(vector, [p.data for p in params], grads, states)
-                    for run, vector, params, grads, states in work
+                    run(vector, values, grads, state)
+                    for run, _, vector, values, grads, state in work
                 ]
             except (TypeError, ValueError):  # not the arrays they were compiled for
                 work = None
         if work is None:
             self._plans = None
+            self._unpack()
             work, plans = self._plan(groups)
             results = [
-                program(vector, [p.data for p in params], grads, states)
-                for program, vector, params, grads, states in work
+                program(vector, values, grads, state)
+                for program, _, vector, values, grads, state in work
             ]
             self._plans = self._compile(plans, work)
+            store = self._states
+            self._packed = [b for _, unit, *_ in work if type(unit) is _Call for b in unit.batches]
+            for batch in self._packed:
+                for p in batch.params:
+                    store.pop(p, None)
+        self.calls += len(work)
         # write back
         store = self._states
-        for (_, _, params, _, _), (new_values, new_states) in zip(work, results):
-            for p, value in zip(params, new_values):
-                storage, index = p.location  # a jax array already: no conversion
-                storage.set_value(index, value)
-            store.update(zip(params, new_states))
+        for (_, unit, *_), (new_values, new_states) in zip(work, results):
+            if type(unit) is _Call:
+                for batch, values, state in zip(unit.batches, new_values, new_states):
+                    set_values(batch.params, values)
+                    batch.state = state
+            else:
+                set_values(unit.params, new_values)
+                store.update(zip(unit.params, new_states))
+        self._snapshot = None
 
     def _replan(self, groups: Sequence[Group]) -> list[tuple] | None:
         """The calls of a step whose structure is the last step's (``None`` if it is not
-        certainly so): per batch, the executable, the hyper-parameter vector, the
-        parameters, their gradients and states."""
+        certainly so): per batch, the executable, the batch, the hyper-parameter
+        vector, the parameters' values, their gradients and states."""
         plans = self._plans
         if plans is None or len(plans) != len(groups):
             return None
         store = self._states
         work = []
+        flat: list[tuple] = [()] * len(self._packed)
         for group, plan in zip(groups, plans):
             names, values, flags = group.hyper
             params = group.params
@@ -200,19 +386,22 @@ class EagerBackend:
                 params = list(params)
             if params != plan.params or names != plan.names or flags != plan.flags:
                 return None
-            grads = [p.grad for p in plan.params]
-            if [g is not None for g in grads] != plan.has_grad:
+            grads = grads_of(params)
+            if list(map(operator.is_not, grads, plan.nones)) != plan.has_grad:
                 return None
             for batch in plan.batches:
+                vector = np.asarray(values, batch.dtype)
+                batch_grads = grads if batch.whole else [grads[i] for i in batch.members]
+                if batch.layout is not None:
+                    flat[batch.slot] = (vector, values_of(batch.params), batch_grads, batch.state)
+                    continue
+                states = [store[p] for p in batch.params]
                 work.append(
-                    (
-                        batch.run,
-                        np.asarray(values, batch.dtype),
-                        batch.params,
-                        [grads[i] for i in batch.members],
-                        [store[p] for p in batch.params],
-                    )
+                    (batch.run, batch, vector, values_of(batch.params), batch_grads, states)
                 )
+        for call in self._calls:
+            parts = [flat[b.slot] for b in call.batches]
+            work.append((call.run, call, *(list(x) for x in zip(*parts))))
         return work
 
     def _plan(self, groups: Sequence[Group]) -> tuple[list[tuple], list[_Plan | None]]:
@@ -223,6 +412,8 @@ class EagerBackend:
         rule = self.rule
         work = []
         plans = []
+        flat: list[tuple] = []  # (domain, batch, arguments) of the flat batches
+        calls_args: list[tuple[_Call, list[tuple]]] = []
         for group in groups:
             all_params = list(group.params)
             grads = [p.grad for p in all_params]
@@ -245,37 +436,77 @@ class EagerBackend:
             fresh = any(p not in self._states for p in params)
             start = packed_hyper(rule, group.start) if fresh else {}
             states = [begin(rule, flags, start, self._states.get(p), p.data) for p in params]
-            program = group_program(rule, tuple(sorted(flags.items())), names)
-            # one call per device domain: arrays on different devices cannot meet
-            domains: dict[Any, list[int]] = {}
+            key = tuple(sorted(flags.items()))
+            program = group_program(rule, key, names)
+            # one call per device domain (arrays on different devices cannot meet); an
+            # elementwise rule's parameters whose states can be laid end to end, per kind
+            calls: dict[Any, list[int]] = {}
             for i, p in enumerate(params):
-                domains.setdefault(device_domain(p.data), []).append(i)
-            for domain_members in domains.values():
-                wide = any(compute_dtype(params[i].dtype) == np.float64 for i in domain_members)
-                dtype = np.float64 if wide else np.float32
-                vector = np.asarray(values, dtype)
-                calls = [domain_members]
-                first = domain_members[0]
-                if _on_cpu(params[first].data):
-                    per_element = _flops_per_element(
-                        program, vector, params[first].data, grads[positions[first]], states[first]
+                kind = None
+                if FLAT and not sparse and p.size <= SMALL:
+                    kind = _flat_kind(rule, states[i], p.data)
+                members = calls.setdefault((device_domain(p.data), kind), [])
+                members.append(i)
+            for key_, members in list(calls.items()):
+                if key_[1] is not None and len(members) > CHUNK:
+                    del calls[key_]
+                    for k in range(0, len(members), CHUNK):
+                        calls[(*key_, k)] = members[k : k + CHUNK]
+            wide = set()
+            for (domain, *_), members in calls.items():
+                if any(compute_dtype(params[i].dtype) == np.float64 for i in members):
+                    wide.add(domain)
+            for (domain, kind, *_), members in calls.items():
+                dtype = np.float64 if domain in wide else np.float32
+                member_states = [states[i] for i in members]
+                layout, state = None, member_states
+                if kind is not None:
+                    fields = states[members[0]]._fields
+                    layout = FlatLayout(
+                        tuple(tuple(params[i].shape) for i in members),
+                        tuple(name in rule.scalar_state for name in fields),
                     )
-                    sizes = [p.size for p in params]
-                    calls = _calls(domain_members, sizes, per_element)
-                for members in calls:
-                    batch = _Batch(
-                        [positions[i] for i in members], [params[i] for i in members], dtype
-                    )
-                    batches_.append(batch)
-                    work.append(
-                        (
-                            program,
-                            np.asarray(values, dtype),
-                            batch.params,
-                            [grads[positions[i]] for i in members],
-                            [states[i] for i in members],
-                        )
-                    )
+                    state = _state_joiner(layout)(member_states)
+                batch = _Batch(
+                    [positions[i] for i in members],
+                    [params[i] for i in members],
+                    dtype,
+                    layout,
+                    len(members) == len(all_params),
+                )
+                batches_.append(batch)
+                args = (
+                    np.asarray(values, dtype),
+                    [p.data for p in batch.params],
+                    [grads[positions[i]] for i in members],
+                    state,
+                )
+                if layout is None:
+                    work.append((program, batch, *args))
+                else:
+                    batch.segment = (key, names, layout)
+                    flat.append((domain, batch, args))
+        # the flat batches in calls of at most CHUNK parameters, per device domain, in
+        # order (several small groups share one call)
+        self._calls = []
+        open_calls: dict[Any, tuple[_Call, list[tuple]]] = {}
+        for slot, (domain, batch, args) in enumerate(flat):
+            batch.slot = slot
+            current = open_calls.get(domain)
+            if (
+                current is None
+                or sum(len(b.params) for b in current[0].batches) + len(batch.params) > CHUNK
+            ):
+                current = (_Call([]), [])
+                open_calls[domain] = current
+                self._calls.append(current[0])
+                calls_args.append(current)
+            current[0].batches.append(batch)
+            current[1].append(args)
+        for call, parts in calls_args:
+            segments = tuple(b.segment for b in call.batches)
+            program = flat_program(rule, segments)
+            work.append((program, call, *(list(x) for x in zip(*parts))))
         return work, plans
 
     def _compile(self, plans: list[_Plan | None], work: list[tuple]) -> list[_Plan] | None:
@@ -284,7 +515,6 @@ class EagerBackend:
         group must take the checking path at every step."""
         if any(plan is None for plan in plans):
             return None
-        batches = [batch for plan in plans for batch in plan.batches]  # type: ignore[union-attr]
-        for batch, (program, vector, params, grads, states) in zip(batches, work):
-            batch.run = program.lower(vector, [p.data for p in params], grads, states).compile()
+        for program, unit, *args in work:
+            unit.run = program.lower(*args).compile()
         return plans  # type: ignore[return-value]
