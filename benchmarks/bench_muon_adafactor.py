@@ -122,13 +122,17 @@ def bench_torch(cls_name, options, shapes, args, **impl):
     return result
 
 
-def measured_peak_flops(args) -> float:
-    """FLOP/s of one 8192^3 bfloat16 matmul in jax (2048^3 with ``--small``)."""
-    n = 2048 if args.small else 8192
+def bf16_peak_flops(n: int, repeats: int) -> float:
+    """FLOP/s of one n^3 bfloat16 matmul in jax."""
     a = jnp.ones((n, n), jnp.bfloat16)
     matmul = jax.jit(lambda a: a @ a)
-    timing = measure(lambda: matmul(a), jax_sync, warmup=3, repeats=max(args.repeats, 5))
+    timing = measure(lambda: matmul(a), jax_sync, warmup=3, repeats=max(repeats, 5))
     return 2 * n**3 / (timing.median_ms * 1e-3)
+
+
+def measured_peak_flops(args) -> float:
+    """FLOP/s of one 8192^3 bfloat16 matmul in jax (2048^3 with ``--small``)."""
+    return bf16_peak_flops(2048 if args.small else 8192, args.repeats)
 
 
 def hardware() -> str:

@@ -37,7 +37,6 @@ import dataclasses
 import gc
 import json
 import os
-import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -47,6 +46,7 @@ import jax.numpy as jnp
 import lucid
 from benchmarks import shapes as shape_sets
 from benchmarks._timing import jax_sync, measure, measure_pipelined, torch_sync
+from benchmarks.bench_muon_adafactor import bf16_peak_flops, hardware
 from lucid.functional.muon import MUON
 
 OPTIONS = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.95}
@@ -127,24 +127,7 @@ def bench_torch(matrices, args):
 
 def measured_peak_flops(args) -> float:
     """FLOP/s of one n^3 bfloat16 matmul in jax (n = 8192 on a GPU, 1024 on a CPU)."""
-    n = 8192 if jax.default_backend() == "gpu" else 1024
-    a = jnp.ones((n, n), jnp.bfloat16)
-    matmul = jax.jit(lambda a: a @ a)
-    timing = measure(lambda: matmul(a), jax_sync, warmup=3, repeats=max(args.repeats, 5))
-    return 2 * n**3 / (timing.median_ms * 1e-3)
-
-
-def hardware() -> str:
-    lines = [f"jax {jax.__version__}, devices: {jax.devices()}"]
-    try:
-        import torch
-
-        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA"
-        lines.append(f"torch {torch.__version__} ({gpu})")
-    except ImportError:
-        lines.append("torch: not installed")
-    lines.append(f"python {sys.version.split()[0]}, {os.cpu_count()} CPU cores")
-    return "\n".join(lines)
+    return bf16_peak_flops(8192 if jax.default_backend() == "gpu" else 1024, args.repeats or 5)
 
 
 def main() -> None:
