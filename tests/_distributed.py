@@ -41,6 +41,23 @@ def rendezvous_flags() -> list[str]:
     ]
 
 
+def run_script(path: Path, source: str, timeout: float = 240) -> None:
+    """Write ``source`` (a program that sets up its own host devices) to ``path``, run it
+    in a fresh interpreter with this one's import path and the rendezvous flags, and
+    fail unless it exits cleanly having printed ``OK`` last."""
+    import os
+    import sys
+
+    path.write_text(source)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env["XLA_FLAGS"] = " ".join(rendezvous_flags())
+    result = subprocess.run(
+        [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip().endswith("OK")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (for a coordinator)."""
     with socket.socket() as s:

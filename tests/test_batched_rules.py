@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import chex
@@ -27,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _distributed import HOST_DEVICES, rendezvous_flags
+from _distributed import HOST_DEVICES, run_script
 
 import lucid
 from lucid.functional._rule import apply_leaf, apply_leaves, pack, transform
@@ -412,15 +409,7 @@ SHARDED = textwrap.dedent(
 
 @HOST_DEVICES
 def test_sharded_matrices_batch_keep_their_sharding_and_their_numbers(tmp_path):
-    script = tmp_path / "sharded_muon.py"
-    script.write_text(SHARDED)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env["XLA_FLAGS"] = " ".join(rendezvous_flags())
-    result = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.strip().endswith("OK")
+    run_script(tmp_path / "sharded_muon.py", SHARDED)
 
 
 # --------------------------------------------------- the other batched rules

@@ -9,9 +9,6 @@ every operation: float64 to 1e-10, float32 to rounding.
 from __future__ import annotations
 
 import inspect
-import os
-import subprocess
-import sys
 import textwrap
 
 import chex
@@ -22,7 +19,7 @@ import optax
 import pytest
 import schedulefree
 import torch
-from _distributed import HOST_DEVICES, rendezvous_flags
+from _distributed import HOST_DEVICES, run_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracle import (
@@ -965,15 +962,7 @@ SHARDED = textwrap.dedent(
 
 @HOST_DEVICES
 def test_sharded_parameters_and_zero1_state_match_the_package(tmp_path):
-    script = tmp_path / "sharded.py"
-    script.write_text(SHARDED)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env["XLA_FLAGS"] = " ".join(rendezvous_flags())
-    result = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.strip().endswith("OK")
+    run_script(tmp_path / "sharded.py", SHARDED)
 
 
 @pytest.mark.parametrize("name", [n for n in TRAIN_EVAL if n != "SGDScheduleFreeReference"])

@@ -4,12 +4,9 @@ unsharded run. Runs in a subprocess with 8 host CPU devices."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
-from _distributed import HOST_DEVICES, rendezvous_flags
+from _distributed import HOST_DEVICES, run_script
 
 SCRIPT = textwrap.dedent(
     """
@@ -89,12 +86,4 @@ SCRIPT = textwrap.dedent(
 
 @HOST_DEVICES
 def test_sharded_parameters_keep_their_sharding_and_their_numbers(tmp_path):
-    script = tmp_path / "sharded.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env["XLA_FLAGS"] = " ".join(rendezvous_flags())
-    result = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.strip().endswith("OK")
+    run_script(tmp_path / "sharded.py", SCRIPT)
