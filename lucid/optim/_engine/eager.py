@@ -42,7 +42,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..._arrays import device_domain
@@ -57,6 +56,7 @@ from ...functional._rule import (
     is_sparse,
 )
 from .interface import Group
+from .layout import Layout, join_views, views_of
 from .programs import PROGRAMS_KEPT, Placed
 from .state import begin, packed_hyper
 
@@ -100,18 +100,18 @@ class FlatLayout(NamedTuple):
     shapes: tuple[tuple[int, ...], ...]
     scalar: tuple[bool, ...]  # per state field
 
+    @property
+    def values(self) -> Layout:
+        """The values' layout: the compiled backend's 1-D flat `Layout`."""
+        return Layout(True, 1, tuple(math.prod(shape) for shape in self.shapes), self.shapes)
+
     def join(self, arrays: Sequence[Any]) -> Any:
         """Per-parameter arrays (of ``shapes``) as one flat buffer."""
-        return jnp.concatenate([a.reshape(-1) for a in arrays])
+        return join_views(arrays, self.values)
 
     def split(self, flat: Any) -> list[Any]:
         """A flat buffer as per-parameter arrays (the inverse of ``join``)."""
-        out, offset = [], 0
-        for shape in self.shapes:
-            size = math.prod(shape)
-            out.append(flat[offset : offset + size].reshape(shape))
-            offset += size
-        return out
+        return views_of(flat, self.values)
 
     def join_states(self, states: Sequence[Any]) -> Any:
         """The members' states as one state of the flat buffer (a 0-d field: the first
