@@ -544,6 +544,21 @@ class _Wrapper:
             store.clear()
             store.update(kept[name])
 
+    def _advance(self, group: dict[str, Any]) -> float:
+        """The package's per-group bookkeeping after the base optimizer's step: `lr_max`
+        (of `lr` times a D-Adaptation factor `d`, 1 when absent), the weight
+        `(k+1)^r lr_max^p` added to `weight_sum`, `k` advanced; returns the averaging
+        coefficient `c = weight / weight_sum` (`ZeroDivisionError` for a zero sum, as
+        the package's)."""
+        k = group.get("k", 0)
+        lr = _sf.host_float(group["lr"], "lr") * group.get("d", 1.0)
+        lr_max = group["lr_max"] = max(lr, group.get("lr_max", 0))
+        weight = ((k + 1) ** self.r) * (lr_max**self.weight_lr_power)
+        weight_sum = group["weight_sum"] = group.get("weight_sum", 0.0) + weight
+        ckp1 = weight / weight_sum
+        group["k"] = k + 1
+        return ckp1
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base!r})"
 
@@ -702,12 +717,7 @@ class ScheduleFreeWrapper(_Wrapper):
             stepped.append(active)
         self.base.step()
         for group in self.param_groups:
-            k = group.get("k", 0)
-            lr = _sf.host_float(group["lr"], "lr") * group.get("d", 1.0)
-            lr_max = group["lr_max"] = max(lr, group.get("lr_max", 0))
-            weight = ((k + 1) ** self.r) * (lr_max**self.weight_lr_power)
-            weight_sum = group["weight_sum"] = group.get("weight_sum", 0.0) + weight
-            ckp1 = weight / weight_sum
+            ckp1 = self._advance(group)
             active = [p for p in group["params"] if p.grad is not None]
             if active:
                 cdtypes = [compute_dtype(p.dtype) for p in active]
@@ -721,7 +731,6 @@ class ScheduleFreeWrapper(_Wrapper):
                 for p, z in zip(active, new_zs):
                     self._z[p] = z
                 _assign(active, ys)
-            group["k"] = k + 1
         return loss
 
 
@@ -895,12 +904,7 @@ class ScheduleFreeWrapperReference(_Wrapper):
             _assign(params, [jnp.array(zs[p], copy=True) for p in params])  # p ← z
         self.base.step()
         for group in self.param_groups:
-            k = group.get("k", 0)
-            lr = _sf.host_float(group["lr"], "lr") * group.get("d", 1.0)
-            lr_max = group["lr_max"] = max(lr, group.get("lr_max", 0))
-            weight = ((k + 1) ** self.r) * (lr_max**self.weight_lr_power)
-            weight_sum = group["weight_sum"] = group.get("weight_sum", 0.0) + weight
-            ckp1 = weight / weight_sum
+            ckp1 = self._advance(group)
             params = list(group["params"])
             if params:
                 cdtypes = [compute_dtype(p.dtype) for p in params]
@@ -915,5 +919,4 @@ class ScheduleFreeWrapperReference(_Wrapper):
                 xs.update(zip(params, new_xs))
                 ys.update(zip(params, new_ys))
                 _assign(params, [jnp.array(y, copy=True) for y in new_ys])
-            group["k"] = k + 1
         return loss
