@@ -44,8 +44,7 @@ import jax.numpy as jnp
 import lucid
 import lucid.optim.bnb
 import lucid.optim.torchao
-from benchmarks import shapes
-from benchmarks._timing import jax_sync, measure, parameter_buffers
+from benchmarks import bench_bnb, shapes
 from lucid.functional import _rule
 
 shapes.SETS.setdefault("one_4096", lambda: [(4096, 4096)])
@@ -129,21 +128,6 @@ def cost(cls, shape_list: list, dump: str | None = None) -> tuple[float, int]:
     return total_bytes / shapes.numel(shape_list), fusions
 
 
-def step_ms(cls, shape_list: list, args) -> float:
-    key = jax.random.PRNGKey(0)
-    params = [lucid.Parameter(0.02 * jax.random.normal(key, s, jnp.float32)) for s in shape_list]
-    compiled = lucid.compile_optimizer(cls(params, lr=1e-4, weight_decay=0.01))
-    for p in params:
-        p.grad = jnp.full(p.shape, 1e-3, jnp.float32)
-
-    def step():
-        compiled.step()
-        return parameter_buffers(params)
-
-    timing = measure(step, jax_sync, warmup=args.warmup, repeats=args.repeats)
-    return timing.median_ms
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     shapes.add_sets_argument(parser, default="one_4096,small_gpt")
@@ -165,7 +149,7 @@ def main() -> None:
         rows = {}
         for name in names:
             cls = VARIANTS[name][0]
-            row = {"ms": round(step_ms(cls, shape_list, args), 3)}
+            row = {"ms": round(bench_bnb.run(cls, shape_list, args)[0].median_ms, 3)}
             one, two = floors(name, shape_list)
             if not args.no_cost:
                 dump = None
