@@ -57,7 +57,7 @@ from ...functional._rule import (
 )
 from .interface import Group
 from .layout import Layout, join_views, views_of
-from .programs import PROGRAMS_KEPT, Placed
+from .programs import PROGRAMS_KEPT, jit_placed
 from .state import begin, packed_hyper
 
 # an elementwise rule's parameters of at most SMALL elements run laid end to end, in
@@ -87,7 +87,7 @@ def group_program(
         n = len(params)
         return apply_leaves(rule, [options] * n, [hyper] * n, params, grads, states, places)
 
-    return Placed(run, 1)
+    return jit_placed(rule, run, 1)
 
 
 class FlatLayout(NamedTuple):

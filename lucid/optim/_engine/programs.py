@@ -103,6 +103,14 @@ class Placed:
         return self._jitted.lower(*args, places=placements(args[self._at]))
 
 
+def jit_placed(rule: Rule, fn: Callable, at: int, **jit_options: Any) -> Callable:
+    """`Placed` for a ``batched`` rule (whose batching reads the placements); for any
+    other rule ``jax.jit(fn)``, with no placements read at each call."""
+    if rule.batched:
+        return Placed(fn, at, **jit_options)
+    return jax.jit(fn, **jit_options)
+
+
 def apply_buckets(
     rule: Rule,
     plans: tuple,
@@ -179,7 +187,7 @@ def step_program(rule: Rule, plans: tuple[Plan, ...]) -> Callable:
     def step(hyper32, hyper64, values, grads, states, places=None):
         return apply_buckets(rule, plans, hyper32, hyper64, values, grads, states, places)
 
-    return Placed(step, 2, donate_argnums=(2, 4))
+    return jit_placed(rule, step, 2, donate_argnums=(2, 4))
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -270,4 +278,4 @@ def fused_program(
         out = (loss, aux) if has_aux else loss
         return out, new_values, new_states, transform_state
 
-    return Placed(fused, 2, donate_argnums=(2, 3))
+    return jit_placed(rule, fused, 2, donate_argnums=(2, 3))
