@@ -263,11 +263,47 @@ def _advance(kind: str, o: Mapping[str, Any], ops: Any) -> dict[str, Any]:
             out["bias_correction2"] = ops.one_minus_pow(o["betas"][1], step)
         if kind == "paper":  # the paper's version: the bias correction is in the step size
             lr = lr * ops.sqrt(out["bias_correction2"])
-    lr_max = ops.maximum(lr, o["lr_max"])
-    weight = (step ** o["r"]) * (lr_max ** o["weight_lr_power"])
-    weight_sum = o["weight_sum"] + weight
+    lr_max, weight, weight_sum = averaging_weight(
+        lr, step, o["lr_max"], o["weight_sum"], o["r"], o["weight_lr_power"], ops
+    )
     out.update(lr=lr, lr_max=lr_max, weight_sum=weight_sum, ckp1=ops.ratio(weight, weight_sum))
     return out
+
+
+def averaging_weight(
+    lr: Any,
+    step: Any,
+    lr_max: Any,
+    weight_sum: Any,
+    r: Any,
+    weight_lr_power: Any,
+    ops: Any = _Host,
+) -> tuple[Any, Any, Any]:
+    r"""The package's polynomial averaging weight of one step: the largest step size so
+    far $\gamma_{\max} = \max(\gamma, \gamma_{\max})$, the weight
+    $w = t^r \gamma_{\max}^p$ and the running sum $\sum w$; the average's coefficient
+    is $c = w / \sum w$ (each caller divides, with its own rule for a zero sum).
+
+    Args:
+      lr: this step's step size $\gamma$.
+      step: the step number $t$ (`k + 1`).
+      lr_max: $\gamma_{\max}$ before this step.
+      weight_sum: $\sum w$ before this step.
+      r: the power of the polynomial weighting.
+      weight_lr_power: $p$, the power of $\gamma_{\max}$.
+      ops: the arithmetic (Python numbers by default, the package's expressions).
+
+    Returns:
+      `(lr_max, weight, weight_sum)` after this step.
+
+    Examples:
+      >>> from lucid.functional.schedulefree import averaging_weight
+      >>> averaging_weight(0.5, 2, 1.0, 3.0, r=1.0, weight_lr_power=2.0)
+      (1.0, 2.0, 5.0)
+    """
+    lr_max = ops.maximum(lr, lr_max)
+    weight = (step**r) * (lr_max**weight_lr_power)
+    return lr_max, weight, weight_sum + weight
 
 
 # -- the rules ----------------------------------------------------------------------------

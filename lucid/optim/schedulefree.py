@@ -552,9 +552,15 @@ class _Wrapper:
         the package's)."""
         k = group.get("k", 0)
         lr = _sf.host_float(group["lr"], "lr") * group.get("d", 1.0)
-        lr_max = group["lr_max"] = max(lr, group.get("lr_max", 0))
-        weight = ((k + 1) ** self.r) * (lr_max**self.weight_lr_power)
-        weight_sum = group["weight_sum"] = group.get("weight_sum", 0.0) + weight
+        lr_max, weight, weight_sum = _sf.averaging_weight(
+            lr,
+            k + 1,
+            group.get("lr_max", 0),
+            group.get("weight_sum", 0.0),
+            self.r,
+            self.weight_lr_power,
+        )
+        group["lr_max"], group["weight_sum"] = lr_max, weight_sum
         ckp1 = weight / weight_sum
         group["k"] = k + 1
         return ckp1

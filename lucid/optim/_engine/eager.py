@@ -70,7 +70,7 @@ CHUNK = 128
 # XLA of jax 0.10 (tests/test_eager_plan.py checks every elementwise family); older
 # XLA:CPU compiles the flat update differently in the last bit (jax 0.4.35: Adam,
 # Adadelta, RAdam, NAdam), so there every parameter keeps its own program
-FLAT = tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 10)
+FLAT = jax.__version_info__[:2] >= (0, 10)
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
