@@ -145,6 +145,8 @@ def _lut(code: np.ndarray) -> np.ndarray:
 _LUTS = {signed: _lut(dynamic_map(signed)) for signed in (True, False)}
 assert all(int(table[0]) == 0 for table in _LUTS.values())  # `encode` relies on it
 _MAPS = {signed: dynamic_map(signed) for signed in (True, False)}
+for _table in (*_LUTS.values(), *_MAPS.values()):
+    _table.setflags(write=False)
 
 
 def blocks_of(n: int) -> int:
@@ -177,28 +179,45 @@ def block_absmax(x: Array) -> Array:
     elementwise math that produces ``x`` into it, so the float32 values need not
     be stored.
     """
-    magnitude = jnp.abs(_as_blocks(jnp.asarray(x, jnp.float32)))
+    return row_absmax(_as_blocks(jnp.asarray(x, jnp.float32)))
+
+
+def row_absmax(blocks: Array) -> Array:
+    """The largest magnitude of each row of float32 ``blocks`` (one block a row), NaN
+    ignored."""
+    magnitude = jnp.abs(blocks)
     return jnp.max(jnp.where(jnp.isnan(magnitude), jnp.float32(0), magnitude), axis=1)
+
+
+def table_index(blocks: Array, absmax: Array) -> Array:
+    """Where each value of float32 ``blocks`` (one block a row, its absmax in
+    ``absmax``) reads bitsandbytes' 65536-entry code table: int32 in ``[0, 65535]``,
+    0 (code 0) for a NaN and in a block of zeros."""
+    inverse = (1.0 / absmax)[:, None]
+    y = jnp.clip(blocks * inverse, jnp.float32(-1.0), jnp.float32(1.0))
+    # bitsandbytes' index computation, (y + 1) * 0.5 * 65535 + 0.5 truncated (a fused
+    # multiply-add in its kernel, as XLA emits it on the CPU)
+    position = ((y + 1.0) * 0.5) * float(_LUT_SIZE - 1) + 0.5
+    bad = jnp.isnan(position) | (absmax[:, None] == 0)
+    # a bad value reads entry 0, code 0 (both tables start with it)
+    return jnp.where(bad, jnp.float32(0), position).astype(jnp.int32)
+
+
+def code_tables(signed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(map, table)``: the 256 float32 codes of the dynamic map and the 65536-entry
+    `uint8` table from a value's position (`table_index`) to its code (read-only host
+    arrays, for kernels that take them as operands)."""
+    return _MAPS[signed], _LUTS[signed]
 
 
 def encode(x: Array, absmax: Array, signed: bool = True) -> Array:
     """The `uint8` codes of ``x`` (float32) in blocks whose absmax is ``absmax`` (as
     `block_absmax` gives it): the elementwise half of `quantize_blockwise`."""
     x = jnp.asarray(x, jnp.float32)
-    blocks = _as_blocks(x)
-    inverse = (1.0 / absmax)[:, None]
-    one = jnp.float32(1.0)
-    y = jnp.clip(blocks * inverse, -one, one)
-    # bitsandbytes' index computation, (y + 1) * 0.5 * 65535 + 0.5 truncated (a fused
-    # multiply-add in its kernel, as XLA emits it on the CPU)
-    position = ((y + 1.0) * 0.5) * float(_LUT_SIZE - 1) + 0.5
-    bad = jnp.isnan(position) | (absmax[:, None] == 0)
-    # a bad value reads entry 0, code 0 (both tables start with it); the flat index and
-    # `take` (indices in [0, 65535] by construction) let XLA fuse the lookup with the
-    # kernel that writes the parameter
-    index = jnp.where(bad, jnp.float32(0), position).astype(jnp.int32)
-    codes = jnp.take(jnp.asarray(_LUTS[signed]), _as_shape(index, x.shape), mode="clip")
-    return codes
+    # the flat index and `take` (indices in [0, 65535] by construction) let XLA fuse the
+    # lookup with the kernel that writes the parameter
+    index = _as_shape(table_index(_as_blocks(x), absmax), x.shape)
+    return jnp.take(jnp.asarray(_LUTS[signed]), index, mode="clip")
 
 
 def quantize_blockwise(x: Array, signed: bool = True) -> tuple[Array, Array]:
