@@ -89,6 +89,9 @@ class Rule:
         product per shape. Declare it only for an update whose numbers do not
         change under ``jax.vmap`` (the per-parameter update is the oracle of the
         batched one in the tests).
+      batched_unless: backends (`jax.default_backend()` names) on which ``batched``
+        is off: bitsandbytes' 8-bit rules run one fused kernel per parameter on a
+        GPU, into which a stacked class would only be copied.
       check_at_step: checks torch makes at a step rather than at construction
         (Muon's ``ns_steps``), run before every step moves anything.
       guarded: options (torch's names, ``eps[0]`` for an element of a pair) the rule
@@ -119,6 +122,7 @@ class Rule:
 
     elementwise: bool = True
     batched: bool = False
+    batched_unless: tuple[str, ...] = ()
     storage_dtype: bool = False
     check_at_step: Callable[[Options], None] | None = None
     guarded: tuple[str, ...] = ()
@@ -406,9 +410,10 @@ def apply_leaves(
     n = len(params)
     results: list[Any] = [None] * n
     classes: dict[Any, list[int]] = {}
+    batched = rule.batched and jax.default_backend() not in rule.batched_unless
     for i in range(n):
         key = None
-        if rule.batched:
+        if batched:
             key = _batch_key(flags[i], hypers[i], params[i], grads[i], states[i])
         if key is not None:
             key = (*key, _placement(params[i]) if places is None else places[i])

@@ -29,7 +29,7 @@ from .. import _validate
 from .._math import one_minus_pow
 from .._rule import Rule, as_hyper, is_number
 from .._signature import Arg
-from . import _quant
+from . import _pallas, _quant
 
 Array = jax.Array
 Options = Mapping[str, Any]
@@ -76,6 +76,8 @@ class Kernel:
       step32: `(p, g, s1, s2, h, t, flags) -> (p, s1, s2, unorm)` in float32 (`unorm` the
         norm the trust ratio measured, or `None`).
       step8: `(p, g, s1, s2, h, t, flags) -> (p, s1, s2)` on the dequantized states.
+      double: `state1` holds two moments (AdEMAMix).
+      corrected: `step8` reads Adam's bias corrections (`corrections`).
     """
 
     name: str
@@ -83,6 +85,7 @@ class Kernel:
     step32: Callable[..., tuple]
     step8: Callable[..., tuple]
     double: bool = False
+    corrected: bool = False
 
 
 def eight_bit(size: int, optim_bits: int, min_8bit_size: int) -> bool:
@@ -130,6 +133,8 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
             if unorm_vec is not None and unorm is not None:
                 unorm_vec = jnp.reshape(unorm, (1,)).astype(f32)
             return p, BnbState(step, s1, s2, None, None, unorm_vec)
+        if _pallas.supported(kernel, p):
+            return _whole_blocks_step8(kernel, p, g, state, h, t, flags, step)
         # One graph for the whole step: XLA decides what to store between the kernels
         # (on a GPU it stores the float32 states once, from the absmax reduction; forcing
         # it to recompute them from the codes measured slower there).
@@ -146,6 +151,41 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
         return p, BnbState(step, codes1, codes2, absmax1, absmax2, state.unorm_vec)
 
     return update
+
+
+def _whole_blocks_step8(kernel, p, g, state, h, t, flags, step) -> tuple[Array, BnbState]:
+    """The 8-bit step of a parameter `_pallas.supported` takes: on a GPU one fused kernel
+    (`_pallas.fused_step8`), elsewhere XLA's graph of the same operations (`xla_step8`)."""
+    scalars = step8_scalars(kernel, h, t)
+    p, codes1, codes2, absmax1, absmax2 = jax.lax.platform_dependent(
+        p,
+        g,
+        state,
+        scalars,
+        default=lambda *args: xla_step8(kernel, *args, flags),
+        cuda=lambda *args: _pallas.fused_step8(kernel, *args, flags),
+    )
+    return p, BnbState(step, codes1, codes2, absmax1, absmax2, state.unorm_vec)
+
+
+def step8_scalars(kernel: Kernel, h: Mapping[str, Array], t: Array) -> dict[str, Array]:
+    """The scalars of an 8-bit step: the hyper-parameters, the step count (``step``)
+    and, for a rule that reads them, the bias corrections, computed once (by XLA)."""
+    scalars = {**h, "step": t}
+    if kernel.corrected:
+        scalars["bias_correction1"], scalars["bias_correction2"] = corrections(h, t)
+    return scalars
+
+
+def xla_step8(kernel: Kernel, p, g, state, scalars, flags) -> tuple:
+    """The 8-bit step as one XLA graph: ``(p, codes1, codes2, absmax1, absmax2)`` (the
+    fused kernel's inputs and outputs, `step8_scalars` included)."""
+    p, s1, s2 = kernel.step8(p, g, *_dequantized(kernel, state), scalars, scalars["step"], flags)
+    codes1, absmax1 = _quant.quantize_blockwise(s1)
+    codes2 = absmax2 = None
+    if kernel.two_states:
+        codes2, absmax2 = _quant.quantize_blockwise(s2, signed=False)
+    return p, codes1, codes2, absmax1, absmax2
 
 
 def _dequantized(kernel: Kernel, state: BnbState) -> tuple[Array, Array | None]:
@@ -200,13 +240,18 @@ def rule(
         supports_complex=False,
         elementwise=False,
         batched=True,
+        batched_unless=("gpu",),
         check_at_step=check_bits if bits is None else None,
     )
 
 
 # -- helpers of the kernels ----------------------------------------------------------------
 def corrections(h: Mapping[str, Array], t: Array) -> tuple[Array, Array]:
-    """bitsandbytes' `1 - beta1**t` and `sqrt(1 - beta2**t)` (float32, accurate near 1)."""
+    """bitsandbytes' `1 - beta1**t` and `sqrt(1 - beta2**t)` (float32, accurate near 1);
+    inside the fused GPU kernel, the values computed before it (`bias_correction1`,
+    `bias_correction2`)."""
+    if "bias_correction1" in h:
+        return h["bias_correction1"], h["bias_correction2"]
     return one_minus_pow(h["one_minus_beta1"], t), jnp.sqrt(one_minus_pow(h["one_minus_beta2"], t))
 
 

@@ -55,7 +55,7 @@ def _step8(p, g, s1, s2, h, t, flags):
     return p + ((-h["lr"] / c1) * s1) / denom, s1, s2
 
 
-ADAM_KERNEL = F.Kernel("adam", two_states=True, step32=_step32, step8=_step8)
+ADAM_KERNEL = F.Kernel("adam", two_states=True, step32=_step32, step8=_step8, corrected=True)
 
 
 def _split(o: Any) -> tuple[dict, dict]:
