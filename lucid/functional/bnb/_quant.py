@@ -23,6 +23,7 @@ distance of a midpoint may go either way, exactly as bitsandbytes sends it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -253,6 +254,81 @@ def dequantize_blockwise(codes: Array, absmax: Array, signed: bool = True) -> Ar
     values = jnp.asarray(_MAPS[signed])[_as_blocks(codes.astype(jnp.int32))]
     values = values * jnp.asarray(absmax, jnp.float32)[:, None]
     return _as_shape(values, codes.shape)
+
+
+CPU_CHUNK = 64
+"""Blocks per iteration of `in_chunks` (16,384 elements: each float32 array of a chunk,
+64 KB, stays in the CPU's L2 cache)."""
+
+
+def chunkable(size: int, block_size: int = BLOCK_SIZE) -> bool:
+    """Whether a CPU step runs a state of ``size`` elements by `in_chunks`: whole blocks
+    only (a partial last block keeps the whole-array program), and only in a process of
+    one device (a state sharded over several would be gathered for the loop's slices and
+    come back placed differently; they keep the whole-array program too)."""
+    return size % block_size == 0 and jax.device_count() == 1
+
+
+def in_chunks(
+    body: Callable[..., tuple],
+    carry: tuple,
+    read: tuple,
+    axes: tuple[tuple[int, ...], tuple[int, ...]],
+    blocks: int,
+    chunk: int | None = None,
+) -> tuple:
+    """Run a block-wise update over consecutive chunks of ``chunk`` blocks, in a loop.
+
+    ``body(*carry_chunk, *read_chunk)`` gets each array's chunk (a slice of ``chunk``
+    blocks along the array's block axis, ``axes[0]`` for ``carry``, ``axes[1]`` for
+    ``read``) and returns the new chunks of ``carry``, which are written back in place.
+    A block-wise update (each block's result depends on that block only) gives the same
+    numbers as on the whole arrays. On the CPU this is what makes it fast: XLA computes
+    the update of one chunk in a few kernels whose intermediate arrays (the float32
+    states, their magnitudes) stay in the cache and are never allocated at full size,
+    where the whole-array program stores (and page-faults) each of them at full size or
+    recomputes the rule in every kernel that reads it.
+
+    Args:
+      body: the update of one chunk.
+      carry: arrays read and rewritten (the parameter, the codes, the scales).
+      read: arrays only read (the gradient).
+      axes: the block axis of each array of ``carry`` and of ``read``.
+      blocks: the number of blocks along those axes.
+      chunk: blocks per iteration (default `CPU_CHUNK`).
+
+    Returns:
+      The new ``carry``.
+    """
+
+    def piece(start: Any, size: int, carry: tuple) -> tuple:
+        def cut(arrays: tuple, arrays_axes: tuple[int, ...]) -> list:
+            return [
+                jax.lax.dynamic_slice_in_dim(a, start, size, axis)
+                for a, axis in zip(arrays, arrays_axes)
+            ]
+
+        new = body(*cut(carry, axes[0]), *cut(read, axes[1]))
+        return tuple(
+            jax.lax.dynamic_update_slice_in_dim(a, n.astype(a.dtype), start, axis)
+            for a, n, axis in zip(carry, new, axes[0])
+        )
+
+    chunk = CPU_CHUNK if chunk is None else chunk
+    full, rest = divmod(blocks, chunk)
+    if full:
+        carry = jax.lax.fori_loop(0, full, lambda i, c: piece(i * chunk, chunk, c), carry)
+    if rest:
+        carry = piece(full * chunk, rest, carry)
+    return carry
+
+
+def dequantize_blocks(codes: Array, absmax: Array, signed: bool = True) -> Array:
+    """`dequantize_blockwise` of codes already shaped ``(..., blocks, 256)``, as the CPU
+    computes it fastest: the code map read by a `take` of the `uint8` codes (in range by
+    construction: no clamp or wrap of negative indices). The same values."""
+    values = jnp.take(jnp.asarray(_MAPS[signed]), codes, mode="clip")
+    return values * jnp.asarray(absmax, jnp.float32)[..., None]
 
 
 def is_code_map(value: Any, signed: bool) -> bool:
