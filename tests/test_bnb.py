@@ -87,7 +87,7 @@ def test_quantize_and_dequantize_blockwise_equal_bitsandbytes(signed):
     assert total > 3000
 
 
-@pytest.mark.parametrize("chunk", [None, 7, 200])
+@pytest.mark.parametrize("chunk", [64, 7, 200])
 def test_in_chunks_gives_the_whole_arrays_numbers(chunk):
     """`in_chunks` (the CPU's loop over chunks of blocks, then the remainder) quantizes
     exactly as one call on the whole array does, values of every magnitude and NaN."""
@@ -284,11 +284,11 @@ def test_a_state_of_whole_blocks_runs_in_chunks_with_bitsandbytes_numbers(name, 
     """A parameter of whole blocks takes the CPU's chunked program (`in_chunks`, here a
     loop of two chunks and a remainder); eager and compiled, its trajectory is
     bitsandbytes' (codes, absmax and parameters)."""
-    from lucid.functional.bnb._quant import CPU_CHUNK, chunkable
+    from lucid.functional.bnb._quant import chunk_blocks, chunkable
 
     blocks = CHUNKED[0] * CHUNKED[1] // 256
     assert chunkable(blocks * 256) == (jax.device_count() == 1)
-    assert blocks // CPU_CHUNK == 2 and blocks % CPU_CHUNK
+    assert blocks // chunk_blocks() == 2 and blocks % chunk_blocks()
     rng = np.random.default_rng(11)
     big, small = (rng.standard_normal(s).astype(np.float32) for s in (CHUNKED, SMALL))
     grads = [

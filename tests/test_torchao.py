@@ -399,6 +399,35 @@ def test_every_optimizer_matches_torchao(name):
     check_match(*run_both(name, options, shapes=[BIG, SMALL, ODD]), options)
 
 
+CHUNKED = (131, 256)  # on the CPU: two loop iterations of 16,384 elements, and a remainder
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("AdamW8bit", {"lr": 1e-2, "weight_decay": 0.1}),
+        ("Adam4bit", {"lr": 1e-2}),
+        ("AdamWFp8", {"lr": 1e-2}),
+        ("AdamW8bit", {"lr": 1e-2, "amsgrad": True, "block_size": 128}),
+    ],
+)
+def test_a_quantized_state_runs_in_chunks_with_torchaos_numbers(name, options, torchao_maximum):
+    """A quantized state of at least one chunk of blocks takes the CPU's chunked program
+    (`in_chunks`: a loop over chunks, then the remainder); its codes, scales and
+    parameters are torchao's, eager and compiled alike."""
+    from lucid.functional.bnb._quant import chunk_blocks, chunkable
+
+    block = options.get("block_size", 128 if "4bit" in name else 256)
+    size = int(np.prod(CHUNKED))
+    assert chunkable(size, block) == (jax.device_count() == 1)
+    assert size // block // chunk_blocks(block) == 2 and (size // block) % chunk_blocks(block)
+    check_match(*run_both(name, options, shapes=[CHUNKED, SMALL], steps=4), options, steps=4)
+    compiled, _ = _lucid_run(name, options, [CHUNKED, SMALL], 4, compiled=True)
+    eager, _ = _lucid_run(name, options, [CHUNKED, SMALL], 4)
+    for c, e in zip(compiled, eager):
+        np.testing.assert_array_equal(np.asarray(c.data), np.asarray(e.data))
+
+
 @pytest.mark.parametrize(
     "name, options",
     [

@@ -185,9 +185,9 @@ def _in_chunks(kernel: Kernel, step8: Callable[..., tuple], p, g, *stored) -> tu
         new = step8(p, g, codes1, absmax1, *(second or (None, None)), blocks=True)
         return tuple(x for x in new if x is not None)
 
-    new = _quant.in_chunks(
-        body, tuple(carry), (g.reshape(blocks, -1),), (tuple(axes), (0,)), blocks
-    )
+    chunk = _quant.chunk_blocks()
+    read = (g.reshape(blocks, -1),)
+    new = _quant.in_chunks(body, tuple(carry), read, (tuple(axes), (0,)), blocks, chunk)
     p, codes1, absmax1, *second = new
     codes2, absmax2 = second or (None, None)
     codes1 = codes1.reshape(stored[0].shape)
