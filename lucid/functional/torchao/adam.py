@@ -59,7 +59,7 @@ from .._signature import (
     weight_decay,
 )
 from ..bnb._quant import chunk_blocks, chunkable, in_chunks
-from ._quant import FP8, dequantize, quantize
+from ._quant import FP8, block_scale, dequantize, encode
 from ._quant import bf16_stochastic_round as round_bf16_stochastically
 
 QUANTIZE_MIN_SIZE = 4096
@@ -197,10 +197,13 @@ def _load(codes: Any, scale: Any, form: str, signed: bool, shape: tuple[int, ...
     return dequantize(codes, scale, form, signed, shape)
 
 
-def _store(value: Any, scale: Any, form: str, signed: bool, block_size: int) -> tuple[Any, Any]:
+def _store(
+    value: Any, scale: Any, form: str, signed: bool, block_size: int, cpu: bool = False
+) -> tuple[Any, Any]:
     if scale is None:
         return value, None
-    return quantize(value, form, signed, block_size)
+    scale = block_scale(value, form, block_size)
+    return encode(value, scale, form, signed, block_size, cpu), scale
 
 
 def lerp(start: Any, end: Any, weight: Any) -> Any:
@@ -277,9 +280,11 @@ def _step(
     form: str,
     adamw: bool,
     block_size: int,
+    cpu: bool = False,
 ) -> tuple:
-    """torchao's update of one tensor (or of a chunk of its blocks, flattened):
-    ``(p, m, m_scale, v, v_scale, u, u_scale)`` after the step, ``p`` in float32."""
+    """torchao's update of one tensor (or of a chunk of its blocks, flattened, ``cpu``:
+    encoded as the CPU runs it fastest): ``(p, m, m_scale, v, v_scale, u, u_scale)``
+    after the step, ``p`` in float32."""
     f32 = jnp.float32
     shape = tuple(jnp.shape(param))
     p, g = param.astype(f32), grad.astype(f32)
@@ -291,13 +296,13 @@ def _step(
     bias_correction2 = 1 - h["beta2"] ** step
     m = lerp(_load(m_codes, m_scale, form, True, shape), g, h["one_minus_beta1"])
     v = lerp(_load(v_codes, v_scale, form, False, shape), g * g, h["one_minus_beta2"])
-    m_stored, m_scale = _store(m, m_scale, form, True, block_size)
-    v_stored, v_scale = _store(v, v_scale, form, False, block_size)
+    m_stored, m_scale = _store(m, m_scale, form, True, block_size, cpu)
+    v_stored, v_scale = _store(v, v_scale, form, False, block_size, cpu)
     u_stored, second = None, v
     if u_codes is not None:
         old = _load(u_codes, u_scale, form, False, shape)
         second = jnp.maximum(old, v)
-        u_stored, u_scale = _store(second, u_scale, form, False, block_size)
+        u_stored, u_scale = _store(second, u_scale, form, False, block_size, cpu)
     denom = jnp.sqrt(second) / jnp.sqrt(bias_correction2) + h["eps"]
     p = p - h["lr"] * (m / bias_correction1) / denom
     return p, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale
@@ -319,7 +324,7 @@ def _in_chunks(step_of: Any, block_size: int, param: Any, grad: Any, *stored: An
         full: list[Any] = [None] * len(stored)
         for i, a in zip(present, arrays):
             full[i] = a.reshape(-1) if i in codes else a
-        new = step_of(p.reshape(-1), g.reshape(-1), *full)
+        new = step_of(p.reshape(-1), g.reshape(-1), *full, cpu=True)
         out = [new[0].reshape(p.shape)]
         out += [new[1 + i].reshape(a.shape) for i, a in zip(present, arrays)]
         return tuple(out)
