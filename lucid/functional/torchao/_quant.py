@@ -209,14 +209,18 @@ def nearest_codes(x: Array, table: np.ndarray, columns: bool = False) -> Array:
     Args:
       x: float32 values, in ``[-1, 1]`` after scaling.
       table: the code map (`qmap`).
-      columns: read the bucket table's three columns as three tables (the same codes;
-        on the CPU XLA reads three floats from three tables twice as fast as a row of
-        three from one).
+      columns: read the bucket table's three columns as three tables, and for a
+        16-entry map count the 15 thresholds by comparisons (the same codes; on the CPU
+        XLA reads three floats from three tables twice as fast as a row of three from
+        one, and compares faster than it reads).
 
     Returns:
       int32 codes, shaped as ``x``.
     """
     bits, signed = (8 if table.size == 256 else 4), bool(table[0] < 0)
+    if columns and bits == 4:  # 15 comparisons, vectorized, for a 16-entry map
+        count = sum((x >= cut).astype(jnp.int32) for cut in thresholds(table))
+        return jnp.asarray(count, jnp.int32)
     shift, first, rows = _lookup(bits, signed)
     # float32 bounds: a Python float is a float64 operand of jnp.clip's own jit under x64
     bound = np.float32(_RANGE)
