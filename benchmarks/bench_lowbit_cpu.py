@@ -6,9 +6,9 @@ One float32 parameter of ``rows x cols`` elements, a fixed gradient. Each varian
 takes ``--warmup`` steps, then ``--rounds`` rounds in which every variant in turn
 times ``--steps`` steps (interleaved, so that a change in the machine's load reaches
 all of them alike). Printed per variant: the minimum and median step (ms) and the
-ratio to its own float32 AdamW's median (above 1: faster than float32): lucid's
-compiled steps (``lucid.compile_optimizer``) against lucid's float32 AdamW, the
-references' eager steps (torch's ``AdamW(foreach=True)``, bitsandbytes'
+ratio to its own float32 AdamW's median (above 1: faster than float32; "(min)": the
+same of the minima): lucid's compiled steps (``lucid.compile_optimizer``) against
+lucid's float32 AdamW, the references' eager steps (torch's ``AdamW(foreach=True)``, bitsandbytes'
 ``AdamW8bit`` on its CPU backend, torchao's ``AdamW8bit``/``AdamW4bit``/``AdamWFp8``
 with TorchDynamo off, as lucid's tests run them) against torch's float32 AdamW.
 References that are not installed are skipped. The load average is printed before and
@@ -135,13 +135,14 @@ def main() -> None:
     )
     print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}".format(*load_before))
     print("load average (1, 5, 15 min) after:  {:.2f} {:.2f} {:.2f}".format(*load_after))
-    print(f"\n{'variant':36s} {'min ms':>8s} {'median':>8s} {'ratio':>6s}")
+    print(f"\n{'variant':36s} {'min ms':>8s} {'median':>8s} {'ratio':>6s} {'(min)':>6s}")
     for name, t in times.items():
         base = (
             "lucid AdamW float32" if name.startswith("lucid") else "torch AdamW float32 (foreach)"
         )
         ratio = medians[base] / medians[name] if base in medians else float("nan")
-        print(f"{name:36s} {min(t):8.2f} {medians[name]:8.2f} {ratio:6.2f}")
+        least = min(times[base]) / min(t) if base in times else float("nan")
+        print(f"{name:36s} {min(t):8.2f} {medians[name]:8.2f} {ratio:6.2f} {least:6.2f}")
 
 
 if __name__ == "__main__":
