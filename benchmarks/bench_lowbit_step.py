@@ -9,7 +9,10 @@ GPT-2 of width 256, 4 blocks and a 8192-token vocabulary), it prints:
   AdamW's time over this one's (above 1: faster than float32 Adam);
 * ``bytes/param``: the bytes XLA's cost analysis counts for the update of each tensor
   (each distinct shape compiled on its own as one jitted update, hyper-parameters as
-  arguments as the compiled step passes them), over the parameter count;
+  arguments as the compiled step passes them), over the parameter count (on the CPU a
+  state of whole blocks is updated by a loop over chunks, `in_chunks` of
+  `lucid.functional.bnb._quant`, whose body the cost analysis counts once: there this is
+  one chunk's bytes, not the step's);
 * ``floor``: the bytes each parameter must move in one pass (float32 parameters: read
   p and g, write p, 12 bytes; and read and write each moment: float32 4 + 4, 8-bit
   codes 1 + 1, 4-bit 0.5 + 0.5; the per-block scales, read and written, 8 bytes per

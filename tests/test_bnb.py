@@ -87,6 +87,31 @@ def test_quantize_and_dequantize_blockwise_equal_bitsandbytes(signed):
     assert total > 3000
 
 
+@pytest.mark.parametrize("chunk", [64, 7, 200])
+def test_in_chunks_gives_the_whole_arrays_numbers(chunk):
+    """`in_chunks` (the CPU's loop over chunks of blocks, then the remainder) quantizes
+    exactly as one call on the whole array does, values of every magnitude and NaN."""
+    from lucid.functional.bnb._quant import in_chunks
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((131, 256)) * 10.0 ** rng.integers(-8, 3, (131, 1))).astype(np.float32)
+    x[7, 3] = np.nan
+    x[40] = 0.0
+    x = jnp.asarray(x)
+    carry = (jnp.zeros((131, 256), jnp.uint8), jnp.zeros((131,), jnp.float32))
+    run = jax.jit(
+        lambda c, x: in_chunks(quantize_blockwise_body, c, (x,), ((0, 0), (0,)), 131, chunk)
+    )
+    codes, absmax = run(carry, x)
+    want_codes, want_absmax = quantize_blockwise(x)
+    np.testing.assert_array_equal(np.asarray(codes), np.asarray(want_codes))
+    np.testing.assert_array_equal(np.asarray(absmax), np.asarray(want_absmax))
+
+
+def quantize_blockwise_body(codes, absmax, x):
+    return quantize_blockwise(x)
+
+
 def test_quantize_blockwise_keeps_the_shape_and_jits():
     x = jnp.linspace(-3.0, 2.0, 600, dtype=jnp.float32).reshape(20, 30)
     codes, absmax = jax.jit(quantize_blockwise)(x)
@@ -241,6 +266,45 @@ def test_the_compiled_step_gives_the_eager_numbers(name):
                 assert_codes_match(other, value)
             else:
                 np.testing.assert_allclose(np.asarray(other), np.asarray(value), rtol=1e-5)
+
+
+CHUNKED = (131, 256)  # whole blocks: on the CPU, two loop iterations of 64 blocks and 3 more
+CHUNKED_CASES = [
+    ("AdamW8bit", {"lr": 1e-3}),
+    ("AdEMAMix8bit", {"lr": 1e-3}),
+    ("Lion8bit", {"lr": 1e-3, "weight_decay": 0.1}),
+    ("SGD8bit", {"lr": 1e-2, "momentum": 0.9}),
+    ("RMSprop8bit", {"lr": 1e-3, "alpha": 0.9}),
+    ("Adagrad8bit", {"lr": 1e-2}),
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), CHUNKED_CASES, ids=[n for n, _ in CHUNKED_CASES])
+def test_a_state_of_whole_blocks_runs_in_chunks_with_bitsandbytes_numbers(name, kwargs):
+    """A parameter of whole blocks takes the CPU's chunked program (`in_chunks`, here a
+    loop of two chunks and a remainder); eager and compiled, its trajectory is
+    bitsandbytes' (codes, absmax and parameters)."""
+    from lucid.functional.bnb._quant import chunk_blocks, chunkable
+
+    blocks = CHUNKED[0] * CHUNKED[1] // 256
+    assert chunkable(blocks * 256) == (jax.device_count() == 1)
+    assert blocks // chunk_blocks() == 2 and blocks % chunk_blocks()
+    rng = np.random.default_rng(11)
+    big, small = (rng.standard_normal(s).astype(np.float32) for s in (CHUNKED, SMALL))
+    grads = [
+        tuple(0.1 * rng.standard_normal(s).astype(np.float32) for s in (CHUNKED, SMALL))
+        for _ in range(6)
+    ]
+    if name != "Lion8bit":  # (lucid's Lion8bit writes NaN where a gradient is NaN; bnb not)
+        grads[3][0][5, :7] = np.nan  # a NaN in a block of the first chunk
+    t_opt, t_params = _torch_run(name, kwargs, big, small, grads, steps=6)
+    for compiled in (False, True):
+        l_opt, l_params = _lucid_run(name, kwargs, big, small, grads, steps=6, compiled=compiled)
+        for tp, lp in zip(t_params, l_params):
+            np.testing.assert_allclose(
+                np.asarray(lp.data), tp.detach().numpy(), atol=PARAM_ATOL, equal_nan=True
+            )
+        assert_states_match(name, t_opt.state[t_params[0]], l_opt.state[l_params[0]])
 
 
 def test_edits_of_the_groups_reach_the_next_step_as_in_bitsandbytes():

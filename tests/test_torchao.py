@@ -293,11 +293,13 @@ def test_code_maps_are_torchaos_bit_for_bit(bits, signed, theirs):
 
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("signed", [True, False])
-def test_codes_are_torchaos_at_every_rounding_boundary(bits, signed):
+@pytest.mark.parametrize("columns", [False, True])
+def test_codes_are_torchaos_at_every_rounding_boundary(bits, signed, columns):
     """On the same scaled values, lucid's codes are torchao's, exactly: at every
     threshold between two codes and the float32 values on either side of it, at every
     map value and its neighbours, at 0, -0, NaN, the ends and beyond, and on random
-    values spread over the decades."""
+    values spread over the decades; with the bucket table read by rows and by columns
+    (the CPU's chunked step)."""
     from lucid.functional.torchao._quant import thresholds
 
     table = LT.qmap(bits, signed)
@@ -321,8 +323,32 @@ def test_codes_are_torchaos_at_every_rounding_boundary(bits, signed):
         quant_utils.quantize_8bit_with_qmap if bits == 8 else quant_utils.quantize_4bit_with_qmap
     )
     theirs = quantizer(torch.tensor(x), torch.tensor(table)).numpy()
-    mine = jax.jit(lambda v: LT._quant.nearest_codes(v, table))(jnp.asarray(x))
+    mine = jax.jit(lambda v: LT._quant.nearest_codes(v, table, columns))(jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(mine), theirs.astype(np.int32))
+
+
+def test_the_cpus_fp8_rounding_by_bits_is_torchs_cast():
+    """`to_fp8_by_bits` (the CPU's chunked step) gives torch's ``x.to(float8_e4m3fn)``
+    bit for bit, as `to_fp8` does: on every e4m3fn value, every midpoint between two
+    (the ties) and three float32 neighbours on either side, zeros, NaN, the subnormal
+    range and random values over the decades up to 448."""
+    from lucid.functional.torchao._quant import to_fp8, to_fp8_by_bits
+
+    grid = np.arange(256, dtype=np.uint8).view(jnp.float8_e4m3fn).astype(np.float32)
+    grid = np.unique(grid[np.isfinite(grid)])
+    mids = ((grid[:-1].astype(np.float64) + grid[1:]) / 2).astype(np.float32)
+    near = [(v.view(np.int32) + d).view(np.float32) for v in (grid, mids) for d in range(-3, 4)]
+    rng = np.random.default_rng(2)
+    spread = rng.standard_normal(50000) * 10.0 ** rng.uniform(-10, 2.6, 50000)
+    special = [0.0, -0.0, np.nan, 448.0, -448.0, 2.0**-6, 2.0**-9, 2.0**-10, -(2.0**-10)]
+    x = np.concatenate([*near, spread.astype(np.float32), np.float32(special)])
+    x = x[~(np.abs(x) > 448.0)]  # within e4m3fn's range (NaN kept)
+    theirs = torch.tensor(x).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    for convert in (to_fp8, to_fp8_by_bits):
+        mine = np.asarray(jax.jit(convert)(jnp.asarray(x))).view(np.uint8)
+        nan = np.isnan(x)
+        np.testing.assert_array_equal(mine[~nan], theirs[~nan])
+        assert np.all(mine[nan] & 0x7F == 0x7F)  # NaN (its sign is not compared)
 
 
 @pytest.mark.parametrize("form", ["8bit", "4bit", "fp8"])
@@ -397,6 +423,35 @@ def test_torchaos_exception_keeps_small_and_unaligned_tensors_in_full_precision(
 def test_every_optimizer_matches_torchao(name):
     options = {"lr": 1e-2, "weight_decay": 0.1}
     check_match(*run_both(name, options, shapes=[BIG, SMALL, ODD]), options)
+
+
+CHUNKED = (131, 256)  # on the CPU: two loop iterations of 16,384 elements, and a remainder
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("AdamW8bit", {"lr": 1e-2, "weight_decay": 0.1}),
+        ("Adam4bit", {"lr": 1e-2}),
+        ("AdamWFp8", {"lr": 1e-2}),
+        ("AdamW8bit", {"lr": 1e-2, "amsgrad": True, "block_size": 128}),
+    ],
+)
+def test_a_quantized_state_runs_in_chunks_with_torchaos_numbers(name, options, torchao_maximum):
+    """A quantized state of at least one chunk of blocks takes the CPU's chunked program
+    (`in_chunks`: a loop over chunks, then the remainder); its codes, scales and
+    parameters are torchao's, eager and compiled alike."""
+    from lucid.functional.bnb._quant import chunk_blocks, chunkable
+
+    block = options.get("block_size", 128 if "4bit" in name else 256)
+    size = int(np.prod(CHUNKED))
+    assert chunkable(size, block) == (jax.device_count() == 1)
+    assert size // block // chunk_blocks(block) == 2 and (size // block) % chunk_blocks(block)
+    check_match(*run_both(name, options, shapes=[CHUNKED, SMALL], steps=4), options, steps=4)
+    compiled, _ = _lucid_run(name, options, [CHUNKED, SMALL], 4, compiled=True)
+    eager, _ = _lucid_run(name, options, [CHUNKED, SMALL], 4)
+    for c, e in zip(compiled, eager):
+        np.testing.assert_array_equal(np.asarray(c.data), np.asarray(e.data))
 
 
 @pytest.mark.parametrize(

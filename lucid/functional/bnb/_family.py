@@ -17,6 +17,7 @@ operations, and lucid follows each).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -133,39 +134,46 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
             if unorm_vec is not None and unorm is not None:
                 unorm_vec = jnp.reshape(unorm, (1,)).astype(f32)
             return p, BnbState(step, s1, s2, None, None, unorm_vec)
-        if _pallas.supported(kernel, p):
-            return _whole_blocks_step8(kernel, p, g, state, h, t, flags, step)
         # One graph for the whole step: XLA decides what to store between the kernels
         # (on a GPU it stores the float32 states once, from the absmax reduction; forcing
         # it to recompute them from the codes measured slower there).
-        p, s1, s2 = kernel.step8(p, g, *_dequantized(kernel, state), h, t, flags)
-        if kernel.double:
-            pairs = [_quant.quantize_blockwise(s1[i]) for i in (0, 1)]
-            codes1 = jnp.stack([c for c, _ in pairs])
-            absmax1 = jnp.stack([a for _, a in pairs])
+        step8 = functools.partial(_step8, kernel, h=h, t=t, flags=flags)
+        stored = (state.state1, state.absmax1, state.state2, state.absmax2)
+        branches = {}
+        if _quant.chunkable(p.size):  # on the CPU, the same graph on chunks of blocks
+            branches["cpu"] = functools.partial(_in_chunks, kernel, step8)
+        if _pallas.supported(kernel, p) and jax.default_backend() == "gpu":
+            # on a GPU, one fused kernel per tensor (only offered there: jax 0.4 lowers
+            # every branch, and Pallas' Triton kernel does not lower for another backend)
+            branches["cuda"] = functools.partial(_fused, kernel, h, t, flags)
+        if branches:
+            new = jax.lax.platform_dependent(p, g, *stored, default=step8, **branches)
         else:
-            codes1, absmax1 = _quant.quantize_blockwise(s1)
-        codes2 = absmax2 = None
-        if kernel.two_states:
-            codes2, absmax2 = _quant.quantize_blockwise(s2, signed=False)
+            new = step8(p, g, *stored)
+        p, codes1, absmax1, codes2, absmax2 = new
         return p, BnbState(step, codes1, codes2, absmax1, absmax2, state.unorm_vec)
 
     return update
 
 
-def _whole_blocks_step8(kernel, p, g, state, h, t, flags, step) -> tuple[Array, BnbState]:
-    """The 8-bit step of a parameter `_pallas.supported` takes: on a GPU one fused kernel
-    (`_pallas.fused_step8`), elsewhere XLA's graph of the same operations (`xla_step8`)."""
-    scalars = step8_scalars(kernel, h, t)
-    p, codes1, codes2, absmax1, absmax2 = jax.lax.platform_dependent(
-        p,
-        g,
-        state,
-        scalars,
-        default=lambda *args: xla_step8(kernel, *args, flags),
-        cuda=lambda *args: _pallas.fused_step8(kernel, *args, flags),
-    )
-    return p, BnbState(step, codes1, codes2, absmax1, absmax2, state.unorm_vec)
+def _step8(
+    kernel: Kernel, p, g, codes1, absmax1, codes2, absmax2, *, h, t, flags, blocks=False
+) -> tuple:
+    """The 8-bit kernel on arrays of any shape: dequantize, the rule, quantize
+    (``blocks``: the arrays are shaped ``(blocks, 256)``, the CPU's chunks)."""
+    state = BnbState(None, codes1, codes2, absmax1, absmax2, None)
+    dequantize = _quant.dequantize_blocks if blocks else _quant.dequantize_blockwise
+    p, s1, s2 = kernel.step8(p, g, *_dequantized(kernel, state, dequantize), h, t, flags)
+    if kernel.double:
+        pairs = [_quant.quantize_blockwise(s1[i]) for i in (0, 1)]
+        codes1 = jnp.stack([c for c, _ in pairs])
+        absmax1 = jnp.stack([a for _, a in pairs])
+    else:
+        codes1, absmax1 = _quant.quantize_blockwise(s1)
+    codes2 = absmax2 = None
+    if kernel.two_states:
+        codes2, absmax2 = _quant.quantize_blockwise(s2, signed=False)
+    return p, codes1, absmax1, codes2, absmax2
 
 
 def step8_scalars(kernel: Kernel, h: Mapping[str, Array], t: Array) -> dict[str, Array]:
@@ -177,28 +185,57 @@ def step8_scalars(kernel: Kernel, h: Mapping[str, Array], t: Array) -> dict[str,
     return scalars
 
 
-def xla_step8(kernel: Kernel, p, g, state, scalars, flags) -> tuple:
-    """The 8-bit step as one XLA graph: ``(p, codes1, codes2, absmax1, absmax2)`` (the
-    fused kernel's inputs and outputs, `step8_scalars` included)."""
-    p, s1, s2 = kernel.step8(p, g, *_dequantized(kernel, state), scalars, scalars["step"], flags)
-    codes1, absmax1 = _quant.quantize_blockwise(s1)
-    codes2 = absmax2 = None
+def _fused(kernel: Kernel, h, t, flags, p, g, codes1, absmax1, codes2, absmax2) -> tuple:
+    """`_step8` as the GPU's one fused kernel (`_pallas.fused_step8`)."""
+    state = BnbState(None, codes1, codes2, absmax1, absmax2, None)
+    return _pallas.fused_step8(kernel, p, g, state, step8_scalars(kernel, h, t), flags)
+
+
+def xla_step8(kernel: Kernel, p, g, state: BnbState, scalars, flags) -> tuple:
+    """XLA's graph of the 8-bit step (`_step8`) from a state and `step8_scalars`:
+    ``(p, codes1, absmax1, codes2, absmax2)``, as `_pallas.fused_step8` returns them."""
+    stored = (state.state1, state.absmax1, state.state2, state.absmax2)
+    return _step8(kernel, p, g, *stored, h=scalars, t=scalars["step"], flags=flags)
+
+
+def _in_chunks(kernel: Kernel, step8: Callable[..., tuple], p, g, *stored) -> tuple:
+    """`_step8` run by `_quant.in_chunks` over chunks of blocks (the CPU's program): the
+    same numbers, the block-wise arrays viewed as ``(blocks, 256)``."""
+    shape, blocks = p.shape, p.size // _quant.BLOCK_SIZE
+    double = kernel.double
+    codes1, absmax1, codes2, absmax2 = stored
+    carry = [p.reshape(blocks, -1), codes1.reshape((2,) * double + (blocks, -1)), absmax1]
+    axes = [0, int(double), int(double)]
     if kernel.two_states:
-        codes2, absmax2 = _quant.quantize_blockwise(s2, signed=False)
-    return p, codes1, codes2, absmax1, absmax2
+        carry += [codes2.reshape(blocks, -1), absmax2]
+        axes += [0, 0]
+
+    def body(p, codes1, absmax1, *rest) -> tuple:
+        *second, g = rest
+        new = step8(p, g, codes1, absmax1, *(second or (None, None)), blocks=True)
+        return tuple(x for x in new if x is not None)
+
+    chunk = _quant.chunk_blocks()
+    read = (g.reshape(blocks, -1),)
+    new = _quant.in_chunks(body, tuple(carry), read, (tuple(axes), (0,)), blocks, chunk)
+    p, codes1, absmax1, *second = new
+    codes2, absmax2 = second or (None, None)
+    codes1 = codes1.reshape(stored[0].shape)
+    codes2 = None if codes2 is None else codes2.reshape(shape)
+    return p.reshape(shape), codes1, absmax1, codes2, absmax2
 
 
-def _dequantized(kernel: Kernel, state: BnbState) -> tuple[Array, Array | None]:
-    """The float32 states of the 8-bit kernel, dequantized."""
+def _dequantized(
+    kernel: Kernel, state: BnbState, dequantize: Callable[..., Array]
+) -> tuple[Array, Array | None]:
+    """The float32 states of the 8-bit kernel, dequantized by ``dequantize``."""
     if kernel.double:
-        s1 = jnp.stack(
-            [_quant.dequantize_blockwise(state.state1[i], state.absmax1[i]) for i in (0, 1)]
-        )
+        s1 = jnp.stack([dequantize(state.state1[i], state.absmax1[i]) for i in (0, 1)])
     else:
-        s1 = _quant.dequantize_blockwise(state.state1, state.absmax1)
+        s1 = dequantize(state.state1, state.absmax1)
     s2 = None
     if kernel.two_states:
-        s2 = _quant.dequantize_blockwise(state.state2, state.absmax2, signed=False)
+        s2 = dequantize(state.state2, state.absmax2, signed=False)
     return s1, s2
 
 

@@ -156,7 +156,7 @@ def fused_step8(
     flags: Mapping[str, Any],
     *,
     interpret: bool = False,
-) -> tuple[Array, Array, Array | None, Array, Array | None]:
+) -> tuple[Array, Array, Array, Array | None, Array | None]:
     """One 8-bit step of ``kernel`` for one parameter, in one kernel.
 
     Args:
@@ -170,7 +170,7 @@ def fused_step8(
       interpret: run through Pallas' interpreter (any backend) instead of Triton.
 
     Returns:
-      ``(p, codes1, codes2, absmax1, absmax2)``, the new parameter (float32) and state
+      ``(p, codes1, absmax1, codes2, absmax2)``, the new parameter (float32) and state
       (``codes2``, ``absmax2``: ``None`` for a one-state rule).
     """
     two = kernel.two_states
@@ -259,8 +259,8 @@ def fused_step8(
     new_p = outs[0].reshape(shape)
     codes1 = outs[1].reshape(shape)
     if two:
-        return new_p, codes1, outs[3].reshape(shape), outs[2], outs[4]
-    return new_p, codes1, None, outs[2], None
+        return new_p, codes1, outs[2], outs[3].reshape(shape), outs[4]
+    return new_p, codes1, outs[2], None, None
 
 
 __all__ = ["fused_step8", "supported"]

@@ -38,6 +38,7 @@ infinite parameter becomes NaN, as in torchao).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -57,7 +58,8 @@ from .._signature import (
     transform_of,
     weight_decay,
 )
-from ._quant import FP8, dequantize, quantize
+from ..bnb._quant import chunk_blocks, chunkable, in_chunks
+from ._quant import FP8, block_scale, dequantize, encode
 from ._quant import bf16_stochastic_round as round_bf16_stochastically
 
 QUANTIZE_MIN_SIZE = 4096
@@ -195,10 +197,13 @@ def _load(codes: Any, scale: Any, form: str, signed: bool, shape: tuple[int, ...
     return dequantize(codes, scale, form, signed, shape)
 
 
-def _store(value: Any, scale: Any, form: str, signed: bool, block_size: int) -> tuple[Any, Any]:
+def _store(
+    value: Any, scale: Any, form: str, signed: bool, block_size: int, cpu: bool = False
+) -> tuple[Any, Any]:
     if scale is None:
         return value, None
-    return quantize(value, form, signed, block_size)
+    scale = block_scale(value, form, block_size)
+    return encode(value, scale, form, signed, block_size, cpu), scale
 
 
 def lerp(start: Any, end: Any, weight: Any) -> Any:
@@ -226,37 +231,111 @@ def _update(
 ) -> tuple[Any, LowBitAdamState]:
     del amsgrad  # torchao reads it from the state (a max_exp_avg_sq made at its creation)
     f32 = jnp.float32
-    shape = tuple(jnp.shape(param))
     h = {k: jnp.asarray(v, f32) for k, v in h.items()}
-    p, g = param.astype(f32), grad.astype(f32)
-    if adamw:
-        p = p - (h["lr"] * h["weight_decay"]) * p
-    else:
-        g = g + h["weight_decay"] * p
     step = state.step.astype(f32) + 1
-    bias_correction1 = 1 - h["beta1"] ** step
-    bias_correction2 = 1 - h["beta2"] ** step
-    m = lerp(_load(state.exp_avg, state.exp_avg_scale, form, True, shape), g, h["one_minus_beta1"])
-    v = lerp(
-        _load(state.exp_avg_sq, state.exp_avg_sq_scale, form, False, shape),
-        g * g,
-        h["one_minus_beta2"],
+    stored = (
+        state.exp_avg,
+        state.exp_avg_scale,
+        state.exp_avg_sq,
+        state.exp_avg_sq_scale,
+        state.max_exp_avg_sq,
+        state.max_exp_avg_sq_scale,
     )
-    m_stored, m_scale = _store(m, state.exp_avg_scale, form, True, block_size)
-    v_stored, v_scale = _store(v, state.exp_avg_sq_scale, form, False, block_size)
-    u_stored, u_scale, second = None, None, v
-    if state.max_exp_avg_sq is not None:
-        old = _load(state.max_exp_avg_sq, state.max_exp_avg_sq_scale, form, False, shape)
-        second = jnp.maximum(old, v)
-        u_stored, u_scale = _store(second, state.max_exp_avg_sq_scale, form, False, block_size)
-    denom = jnp.sqrt(second) / jnp.sqrt(bias_correction2) + h["eps"]
-    p = p - h["lr"] * (m / bias_correction1) / denom
+    step_of = functools.partial(
+        _step, h=h, step=step, form=form, adamw=adamw, block_size=block_size
+    )
+    size = int(np.prod(jnp.shape(param)))
+    if state.exp_avg_scale is not None and chunkable(size, block_size):
+        # on the CPU, the same graph over chunks of blocks (lucid.functional.bnb's loop)
+        new = jax.lax.platform_dependent(
+            param,
+            grad,
+            *stored,
+            cpu=functools.partial(_in_chunks, step_of, block_size),
+            default=step_of,
+        )
+    else:
+        new = step_of(param, grad, *stored)
+    p, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale = new
     rng = state.rng
     if bf16_stochastic_round and np.dtype(storage_dtype) == jnp.bfloat16 and rng is not None:
         rng, draw = jax.random.split(rng)
         p = round_bf16_stochastically(p, draw).astype(f32)
     new = LowBitAdamState(step, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale, rng)
     return p, new
+
+
+def _step(
+    param: Any,
+    grad: Any,
+    m_codes: Any,
+    m_scale: Any,
+    v_codes: Any,
+    v_scale: Any,
+    u_codes: Any,
+    u_scale: Any,
+    *,
+    h: dict,
+    step: Any,
+    form: str,
+    adamw: bool,
+    block_size: int,
+    cpu: bool = False,
+) -> tuple:
+    """torchao's update of one tensor (or of a chunk of its blocks, flattened, ``cpu``:
+    encoded as the CPU runs it fastest): ``(p, m, m_scale, v, v_scale, u, u_scale)``
+    after the step, ``p`` in float32."""
+    f32 = jnp.float32
+    shape = tuple(jnp.shape(param))
+    p, g = param.astype(f32), grad.astype(f32)
+    if adamw:
+        p = p - (h["lr"] * h["weight_decay"]) * p
+    else:
+        g = g + h["weight_decay"] * p
+    bias_correction1 = 1 - h["beta1"] ** step
+    bias_correction2 = 1 - h["beta2"] ** step
+    m = lerp(_load(m_codes, m_scale, form, True, shape), g, h["one_minus_beta1"])
+    v = lerp(_load(v_codes, v_scale, form, False, shape), g * g, h["one_minus_beta2"])
+    m_stored, m_scale = _store(m, m_scale, form, True, block_size, cpu)
+    v_stored, v_scale = _store(v, v_scale, form, False, block_size, cpu)
+    u_stored, second = None, v
+    if u_codes is not None:
+        old = _load(u_codes, u_scale, form, False, shape)
+        second = jnp.maximum(old, v)
+        u_stored, u_scale = _store(second, u_scale, form, False, block_size, cpu)
+    denom = jnp.sqrt(second) / jnp.sqrt(bias_correction2) + h["eps"]
+    p = p - h["lr"] * (m / bias_correction1) / denom
+    return p, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale
+
+
+def _in_chunks(step_of: Any, block_size: int, param: Any, grad: Any, *stored: Any) -> tuple:
+    """`_step` run by `lucid.functional.bnb`'s `in_chunks` over chunks of blocks (the CPU's
+    program): each array viewed as ``(blocks, elements of a block)``, each chunk flattened
+    for `_step`; the same numbers."""
+    shape, size = tuple(jnp.shape(param)), int(np.prod(jnp.shape(param)))
+    blocks = size // block_size
+    present = [i for i, x in enumerate(stored) if x is not None]
+    codes = [i for i in present if i % 2 == 0]  # codes at even places, scales at odd
+    carry = [param.astype(jnp.float32).reshape(blocks, -1)]
+    carry += [stored[i].reshape(blocks, -1) if i in codes else stored[i] for i in present]
+
+    def body(p: Any, *rest: Any) -> tuple:
+        *arrays, g = rest
+        full: list[Any] = [None] * len(stored)
+        for i, a in zip(present, arrays):
+            full[i] = a.reshape(-1) if i in codes else a
+        new = step_of(p.reshape(-1), g.reshape(-1), *full, cpu=True)
+        out = [new[0].reshape(p.shape)]
+        out += [new[1 + i].reshape(a.shape) for i, a in zip(present, arrays)]
+        return tuple(out)
+
+    chunk = chunk_blocks(block_size)
+    axes = ((0,) * len(carry), (0,))
+    new = in_chunks(body, tuple(carry), (grad.reshape(blocks, -1),), axes, blocks, chunk)
+    out: list[Any] = [new[0].reshape(shape)] + [None] * len(stored)
+    for i, a in zip(present, new[1:]):
+        out[1 + i] = a.reshape(stored[i].shape)
+    return tuple(out)
 
 
 def _rule(name: str, form: str, adamw: bool) -> Rule:
