@@ -66,6 +66,8 @@ from .state import begin, packed_hyper
 # parameters, while calls of the same shapes share one executable
 SMALL = 1 << 14
 CHUNK = 128
+SEGMENT = 512
+INLINE_FLOPS = 1000
 # laid end to end, a rule's numbers are the per-parameter program's bit for bit with the
 # XLA of jax 0.10 (tests/test_eager_plan.py checks every elementwise family); older
 # XLA:CPU compiles the flat update differently in the last bit (jax 0.4.35: Adam,
@@ -92,44 +94,57 @@ def group_program(
 
 class FlatLayout(NamedTuple):
     """How one call of an elementwise rule lays its parameters end to end: their
-    shapes, in order, and which state fields hold one 0-d value for all of them
-    (the rule's ``scalar_state``; every other field is laid out as the values).
-    Hashable (a program's key); ``split`` and ``join`` are traceable and inverse to
-    each other."""
+    shapes, in order, which state fields hold one 0-d value for all of them (the
+    rule's ``scalar_state``; every other field is laid out as the values), and where
+    the pieces start: a flat field is one buffer per piece (``starts``: each piece's
+    first member), so that no buffer of a call of small parameters exceeds `SEGMENT`
+    bytes. Hashable (a program's key); ``join_field`` and ``split_field`` (and the
+    states' ``join_states`` and ``split_states``) are traceable and inverse to each
+    other."""
 
     shapes: tuple[tuple[int, ...], ...]
     scalar: tuple[bool, ...]  # per state field
+    starts: tuple[int, ...] = (0,)  # per piece, its first member
 
     @property
-    def values(self) -> Layout:
-        """The values' layout: the compiled backend's 1-D flat `Layout`."""
-        return Layout(True, 1, tuple(math.prod(shape) for shape in self.shapes), self.shapes)
+    def pieces(self) -> list[tuple[int, int, Layout]]:
+        """Per piece: its first member, the member after its last, and its buffer's
+        layout (the compiled backend's 1-D flat `Layout`)."""
+        ends = (*self.starts[1:], len(self.shapes))
+        return [
+            (a, b, Layout(True, 1, tuple(math.prod(s) for s in self.shapes[a:b]), self.shapes[a:b]))
+            for a, b in zip(self.starts, ends)
+        ]
 
-    def join(self, arrays: Sequence[Any]) -> Any:
-        """Per-parameter arrays (of ``shapes``) as one flat buffer."""
-        return join_views(arrays, self.values)
+    def join_field(self, arrays: Sequence[Any]) -> tuple[Any, ...]:
+        """Per-parameter arrays (of ``shapes``) as one flat buffer per piece."""
+        return tuple(join_views(arrays[a:b], layout) for a, b, layout in self.pieces)
 
-    def split(self, flat: Any) -> list[Any]:
-        """A flat buffer as per-parameter arrays (the inverse of ``join``)."""
-        return views_of(flat, self.values)
+    def split_field(self, buffers: Sequence[Any]) -> list[Any]:
+        """The pieces' flat buffers as per-parameter arrays (the inverse of
+        ``join_field``)."""
+        out: list[Any] = []
+        for buffer, (_, _, layout) in zip(buffers, self.pieces):
+            out.extend(views_of(buffer, layout))
+        return out
 
     def join_states(self, states: Sequence[Any]) -> Any:
-        """The members' states as one state of the flat buffer (a 0-d field: the first
-        member's, which every member has)."""
+        """The members' states as one state of the flat buffers (a 0-d field: the
+        first member's, which every member has)."""
         fields = []
         for k, scalar in enumerate(self.scalar):
             first = states[0][k]
             if first is None or scalar:
                 fields.append(first)
             else:
-                fields.append(self.join([s[k] for s in states]))
+                fields.append(self.join_field([s[k] for s in states]))
         return type(states[0])(*fields)
 
     def split_states(self, state: Any) -> list[Any]:
-        """The flat buffer's state as the members' states (the inverse of
+        """The flat buffers' state as the members' states (the inverse of
         ``join_states``)."""
         cut = [
-            None if value is None or scalar else self.split(value)
+            None if value is None or scalar else self.split_field(value)
             for value, scalar in zip(state, self.scalar)
         ]
         return [
@@ -145,12 +160,14 @@ Segment = tuple[tuple[tuple[str, Any], ...], tuple[str, ...], FlatLayout]
 def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
     """One jitted function per (elementwise rule, segments), a segment being the
     static flags, hyper-parameter names and layout of some parameters of one group:
-    per segment, its members' values and gradients laid end to end, the rule applied
-    once to the flat buffers with the members' state as one flat state (elementwise
-    math: every element's numbers are those of its own parameter's update), the
-    values cut back. The state stays flat between steps: one output per state field,
-    not one per parameter and field (each output is an array the host must wrap);
-    several groups' segments share a call (each call has a cost of its own)."""
+    per piece of a segment, its members' values and gradients laid end to end, the
+    rule applied once to the flat buffers with the members' state as one flat state
+    (elementwise math: every element's numbers are those of its own parameter's
+    update), the values cut back. The state stays flat between steps: one output per
+    state field and piece, not one per parameter and field (each output is an array
+    the host must wrap), a 0-d field once per segment (every piece computes the same
+    value from the same input); several groups' segments share a call (each call has
+    a cost of its own)."""
 
     def run(vectors, params, grads, states):
         new_values, new_states = [], []
@@ -158,11 +175,32 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
             segments, vectors, params, grads, states
         ):
             hyper = {name: vector[i] for i, name in enumerate(names)}
-            value, state = apply_leaf(
-                rule, dict(flags), hyper, layout.join(p), layout.join(g), state
+            options = dict(flags)
+            values, pieces = [], []
+            for k, (a, b, piece) in enumerate(layout.pieces):
+                fields = (
+                    f if f is None or scalar else f[k] for f, scalar in zip(state, layout.scalar)
+                )
+                value, new = apply_leaf(
+                    rule,
+                    options,
+                    hyper,
+                    join_views(p[a:b], piece),
+                    join_views(g[a:b], piece),
+                    type(state)(*fields),
+                )
+                values.extend(views_of(value, piece))
+                pieces.append(new)
+            first = pieces[0]
+            new_states.append(
+                type(first)(
+                    *(
+                        f if f is None or scalar else tuple(new[j] for new in pieces)
+                        for j, (f, scalar) in enumerate(zip(first, layout.scalar))
+                    )
+                )
             )
-            new_values.append(layout.split(value))
-            new_states.append(state)
+            new_values.append(values)
         return new_values, new_states
 
     return jax.jit(run)
@@ -170,8 +208,8 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def _field_splitter(layout: FlatLayout) -> Callable:
-    """Cuts a flat state's per-value fields (one list per field) in one call."""
-    return jax.jit(lambda fields: [layout.split(f) for f in fields])
+    """Cuts a flat state's per-value fields (one tuple of pieces per field) in one call."""
+    return jax.jit(lambda fields: [layout.split_field(f) for f in fields])
 
 
 def _split_states(layout: FlatLayout, state: Any) -> list[Any]:
@@ -222,6 +260,45 @@ def _flat_kind(rule: Rule, state: Any, value: Any) -> tuple | None:
         else:
             return None
     return tuple(kind)
+
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def _update_flops_of(rule: Rule, flags: tuple, names: tuple[str, ...], avals: tuple) -> float:
+    vector, value, treedef, leaves = avals
+    state = jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def update(vector, value, grad, state):
+        hyper = {name: vector[i] for i, name in enumerate(names)}
+        return apply_leaf(rule, dict(flags), hyper, value, grad, state)
+
+    analysis = jax.jit(update).lower(vector, value, value, state).cost_analysis()
+    if isinstance(analysis, list | tuple):  # older jax: one dict per program
+        analysis = analysis[0] if analysis else {}
+    flops = float((analysis or {}).get("flops", math.inf))
+    return flops / max(1, math.prod(value.shape))
+
+
+def _update_flops(
+    rule: Rule, flags: tuple, names: tuple[str, ...], vector: Any, value: Any, state: Any
+) -> float:
+    """XLA's count of floating-point operations per element of one parameter's update
+    (of ``value``'s dtype and ``state``'s structure; cached by those)."""
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    spec = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in (vector, value, *leaves)]
+    return _update_flops_of(rule, flags, names, (spec[0], spec[1], treedef, tuple(spec[2:])))
+
+
+def _starts(params: Sequence[Parameter]) -> tuple[int, ...]:
+    """Where the pieces of a flat call's buffers start: each piece holds consecutive
+    members, at most `SEGMENT` bytes of them (a larger member: a piece of its own)."""
+    starts, size = [], SEGMENT
+    for i, p in enumerate(params):
+        nbytes = p.size * np.dtype(p.dtype).itemsize
+        if size + nbytes > SEGMENT:
+            starts.append(i)
+            size = 0
+        size += nbytes
+    return tuple(starts)
 
 
 class _Batch:
@@ -459,19 +536,11 @@ class EagerBackend:
             for (domain, kind, *_), members in calls.items():
                 dtype = np.float64 if domain in wide else np.float32
                 member_states = [states[i] for i in members]
-                layout, state = None, member_states
-                if kind is not None:
-                    fields = states[members[0]]._fields
-                    layout = FlatLayout(
-                        tuple(tuple(params[i].shape) for i in members),
-                        tuple(name in rule.scalar_state for name in fields),
-                    )
-                    state = _state_joiner(layout)(member_states)
                 batch = _Batch(
                     [positions[i] for i in members],
                     [params[i] for i in members],
                     dtype,
-                    layout,
+                    None,
                     len(members) == len(all_params),
                 )
                 batches_.append(batch)
@@ -479,18 +548,21 @@ class EagerBackend:
                     np.asarray(values, dtype),
                     [p.data for p in batch.params],
                     [grads[positions[i]] for i in members],
-                    state,
+                    member_states,
                 )
-                if layout is None:
+                if kind is None:
                     work.append((program, batch, *args))
                 else:
-                    batch.segment = (key, names, layout)
-                    flat.append((domain, batch, args))
+                    first = members[0]
+                    flops = sum(p.size for p in batch.params) * _update_flops(
+                        rule, key, names, args[0], params[first].data, states[first]
+                    )
+                    flat.append((domain, batch, args, (key, names, states[first]._fields), flops))
         # the flat batches in calls of at most CHUNK parameters, per device domain, in
         # order (several small groups share one call)
         self._calls = []
         open_calls: dict[Any, tuple[_Call, list[tuple]]] = {}
-        for slot, (domain, batch, args) in enumerate(flat):
+        for slot, (domain, batch, *rest) in enumerate(flat):
             batch.slot = slot
             current = open_calls.get(domain)
             if (
@@ -502,11 +574,26 @@ class EagerBackend:
                 self._calls.append(current[0])
                 calls_args.append(current)
             current[0].batches.append(batch)
-            current[1].append(args)
+            current[1].append(rest)
         for call, parts in calls_args:
+            # a call XLA:CPU would run inline (on this thread) keeps every member's state
+            # fields apart (XLA counts a cut of a flat buffer as the whole buffer's work)
+            inline = sum(flops for *_, flops in parts) < INLINE_FLOPS
+            arguments = []
+            for batch, ((vector, values_, grads_, member_states), (key, names, fields), _) in zip(
+                call.batches, parts
+            ):
+                layout = FlatLayout(
+                    tuple(tuple(p.shape) for p in batch.params),
+                    tuple(name in rule.scalar_state for name in fields),
+                    tuple(range(len(batch.params))) if inline else _starts(batch.params),
+                )
+                batch.layout = layout
+                batch.segment = (key, names, layout)
+                arguments.append((vector, values_, grads_, _state_joiner(layout)(member_states)))
             segments = tuple(b.segment for b in call.batches)
             program = flat_program(rule, segments)
-            work.append((program, call, *(list(x) for x in zip(*parts))))
+            work.append((program, call, *(list(x) for x in zip(*arguments))))
         return work, plans
 
     def _compile(self, plans: list[_Plan | None], work: list[tuple]) -> list[_Plan] | None:
