@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..._arrays import device_domain
@@ -203,31 +204,47 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
             new_values.append(values)
         return new_values, new_states
 
-    return jax.jit(run)
+    # the flat state buffers are the backend's own (made by `_state_joiner` or a step),
+    # so a step reuses their memory for the new ones
+    return jax.jit(run, donate_argnums=3)
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def _field_splitter(layout: FlatLayout) -> Callable:
-    """Cuts a flat state's per-value fields (one tuple of pieces per field) in one call."""
-    return jax.jit(lambda fields: [layout.split_field(f) for f in fields])
+    """Cuts a flat state's per-value fields (one tuple of pieces per field) and copies
+    its 0-d fields, in one call: arrays of their own (the flat buffers are donated to
+    the next step)."""
+    return jax.jit(
+        lambda fields, scalars: (
+            [[jnp.copy(x) for x in layout.split_field(f)] for f in fields],
+            [jnp.copy(x) for x in scalars],
+        )
+    )
 
 
 def _split_states(layout: FlatLayout, state: Any) -> list[Any]:
-    """`FlatLayout.split_states` as one call; the 0-d fields are shared, not copied."""
-    arrays = [f for f, scalar in zip(state, layout.scalar) if f is not None and not scalar]
-    cut = iter(_field_splitter(layout)(arrays))
+    """`FlatLayout.split_states` as one call, into new arrays (a 0-d field: one copy,
+    which every member's state shares)."""
+    present = [(f, scalar) for f, scalar in zip(state, layout.scalar) if f is not None]
+    cut, copied = _field_splitter(layout)(
+        [f for f, scalar in present if not scalar], [f for f, scalar in present if scalar]
+    )
+    cut, copied = iter(cut), iter(copied)
     per_field = [
-        None if f is None or scalar else next(cut) for f, scalar in zip(state, layout.scalar)
+        None if f is None else (next(copied), None) if scalar else (None, next(cut))
+        for f, scalar in zip(state, layout.scalar)
     ]
     return [
-        type(state)(*(f if c is None else c[i] for f, c in zip(state, per_field)))
+        type(state)(*(None if c is None else c[0] if c[1] is None else c[1][i] for c in per_field))
         for i in range(len(layout.shapes))
     ]
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def _state_joiner(layout: FlatLayout) -> Callable:
-    return jax.jit(layout.join_states)
+    """`FlatLayout.join_states` as one call, into new arrays (donated by the step, so
+    never an array a caller holds: a loaded state's, say)."""
+    return jax.jit(lambda states: jax.tree_util.tree_map(jnp.copy, layout.join_states(states)))
 
 
 def _flat_kind(rule: Rule, state: Any, value: Any) -> tuple | None:
@@ -307,7 +324,20 @@ class _Batch:
     last step (``None`` until that step ran) and, where the states live in flat
     buffers (``layout``), those buffers."""
 
-    __slots__ = ("dtype", "layout", "members", "params", "run", "segment", "slot", "state", "whole")
+    __slots__ = (
+        "dtype",
+        "layout",
+        "members",
+        "params",
+        "place",
+        "run",
+        "segment",
+        "slot",
+        "state",
+        "values",
+        "vector",
+        "whole",
+    )
 
     def __init__(
         self,
@@ -326,6 +356,18 @@ class _Batch:
         self.state: Any = None  # the flat state buffers (with a layout)
         self.segment: Segment | None = None  # with a layout: its part of a flat call
         self.slot = 0  # with a layout: its position among the step's flat batches
+        self.place: Any = None  # with a layout: where its members live
+        self.values: Any = None  # the hyper-parameter values of ``vector``
+        self.vector: Any = None  # with a layout: those values, on the members' device
+
+    def vector_of(self, values: tuple) -> Any:
+        """The hyper-parameter vector of ``values`` on the members' device (one transfer
+        while the values stay the same; the optimizer hands the same tuple then)."""
+        if values is not self.values:
+            if values != self.values:
+                self.vector = jax.device_put(np.asarray(values, self.dtype), self.place)
+            self.values = values
+        return self.vector
 
 
 class _Call:
@@ -467,11 +509,16 @@ class EagerBackend:
             if list(map(operator.is_not, grads, plan.nones)) != plan.has_grad:
                 return None
             for batch in plan.batches:
-                vector = np.asarray(values, batch.dtype)
                 batch_grads = grads if batch.whole else [grads[i] for i in batch.members]
                 if batch.layout is not None:
-                    flat[batch.slot] = (vector, values_of(batch.params), batch_grads, batch.state)
+                    flat[batch.slot] = (
+                        batch.vector_of(values),
+                        values_of(batch.params),
+                        batch_grads,
+                        batch.state,
+                    )
                     continue
+                vector = np.asarray(values, batch.dtype)
                 states = [store[p] for p in batch.params]
                 work.append(
                     (batch.run, batch, vector, values_of(batch.params), batch_grads, states)
@@ -590,6 +637,7 @@ class EagerBackend:
                 )
                 batch.layout = layout
                 batch.segment = (key, names, layout)
+                batch.place = values_[0].sharding
                 arguments.append((vector, values_, grads_, _state_joiner(layout)(member_states)))
             segments = tuple(b.segment for b in call.batches)
             program = flat_program(rule, segments)
