@@ -333,10 +333,10 @@ class _Batch:
         "run",
         "segment",
         "slot",
+        "span",
         "state",
         "values",
         "vector",
-        "whole",
     )
 
     def __init__(
@@ -345,13 +345,18 @@ class _Batch:
         params: list[Parameter],
         dtype: Any,
         layout: FlatLayout | None,
-        whole: bool,
     ) -> None:
         self.members = members  # positions in the group's parameter list
         self.params = params
         self.dtype = dtype  # of the hyper-parameter vector
         self.layout = layout  # None: the states stay per parameter
-        self.whole = whole  # the members are the whole group, in order
+        first = members[0] if members else 0
+        # the members are consecutive in the group: their gradients are a slice
+        self.span = (
+            (first, first + len(members))
+            if members == list(range(first, first + len(members)))
+            else None
+        )
         self.run: Any = None
         self.state: Any = None  # the flat state buffers (with a layout)
         self.segment: Segment | None = None  # with a layout: its part of a flat call
@@ -509,7 +514,11 @@ class EagerBackend:
             if list(map(operator.is_not, grads, plan.nones)) != plan.has_grad:
                 return None
             for batch in plan.batches:
-                batch_grads = grads if batch.whole else [grads[i] for i in batch.members]
+                span = batch.span
+                if span is None:
+                    batch_grads = [grads[i] for i in batch.members]
+                else:
+                    batch_grads = grads[span[0] : span[1]]
                 if batch.layout is not None:
                     flat[batch.slot] = (
                         batch.vector_of(values),
@@ -588,7 +597,6 @@ class EagerBackend:
                     [params[i] for i in members],
                     dtype,
                     None,
-                    len(members) == len(all_params),
                 )
                 batches_.append(batch)
                 args = (
