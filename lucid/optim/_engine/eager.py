@@ -5,22 +5,36 @@ NamedTuple, begun by `lucid.optim._engine.state.begin`, the same function the
 compiled backend begins states with, so compiling changes speed, never numbers.
 
 A step costs what its host code costs when the arrays are small, and on the
-host every array a call takes, and much more every array it returns, costs
-time of its own. So, on the CPU (with jax 0.10 or later: `FLAT`), an elementwise
-rule's small parameters (at most `SMALL` elements) whose states share a structure run
-*laid end to end* (`flat_program`): a call takes their values and gradients, lays them end to
-end inside the program, applies the rule once to the flat buffers and cuts
-the values back; their states stay flat between steps (one buffer per field
-for the whole call; a 0-d field such as ``step`` once, which every member
-shares: members are grouped by its value). Elementwise math gives every
-element its own parameter's numbers, bit for bit as XLA compiles it in jax 0.10
-(the tests check every elementwise family against the per-parameter program;
-older XLA differs in the last bit, hence `FLAT`). Such calls hold at most
-`CHUNK` parameters (XLA compiles each cut as a kernel of its own; calls of
-the same shapes share one executable). `states()` cuts the flat states per
-parameter on demand, once per step. Other parameters (a rule that is not
-elementwise, a large or sharded parameter, a sparse gradient) run through
-`group_program`, one call per group, device domain and state structure.
+host every array a call takes, and more every array it returns, costs time of
+its own. So, on the CPU (with jax 0.10 or later: `FLAT`), an elementwise rule's
+small parameters (at most `SMALL` elements) whose states share a structure run
+*laid end to end* (`flat_program`): a call takes their values and gradients,
+lays them end to end inside the program, applies the rule to the flat buffers
+and cuts the values back; their states stay flat between steps (a 0-d field such
+as ``step`` once, which every member shares: members are grouped by its value).
+Elementwise math gives every element its own parameter's numbers, bit for bit
+as XLA compiles it in jax 0.10 (the tests check every elementwise family against
+the per-parameter program; older XLA differs in the last bit, hence `FLAT`).
+Such calls hold at most `CHUNK` parameters (XLA compiles each cut as a kernel of
+its own; calls of the same shapes share one executable), and their flat state
+buffers are donated to the next step (the backend's own: `states()` copies).
+
+Two rules of XLA:CPU decide what such a call costs on the host, and the layout
+follows them. It runs a program's kernels one after another only when the
+program has at most 8 of them or none of its buffers exceeds 512 bytes, and
+otherwise hands them to its thread pool (about 1.6 us more per kernel, and a
+call has a kernel per parameter): so each flat state field is held in pieces of
+at most `SEGMENT` bytes (`FlatLayout.starts`). And it runs a program on the
+calling thread only when its cost analysis counts under 1000 floating-point
+operations, and otherwise on a pool thread that the step must then wait for
+(tens of microseconds on a busy machine); that analysis counts each cut of a
+flat buffer as the whole buffer's work, so a call the analysis would otherwise
+put under the threshold (its parameters' elements times the update's operations
+per element, `_update_flops`, below `INLINE_FLOPS`) keeps each member's fields
+apart (pieces of one). `states()` cuts the flat states per parameter on demand,
+once per step. Other parameters (a rule that is not elementwise, a large or
+sharded parameter, a sparse gradient) run through `group_program`, one call per
+group, device domain and state structure.
 
 Everything that depends only on the step's *structure* (which parameters,
 which of them have gradients, their shapes, dtypes and devices, the static
@@ -67,6 +81,9 @@ from .state import begin, packed_hyper
 # parameters, while calls of the same shapes share one executable
 SMALL = 1 << 14
 CHUNK = 128
+# XLA:CPU runs a program's kernels one after another (not through its thread pool)
+# when none of its buffers exceeds 512 bytes, and the whole program on the calling
+# thread when its cost analysis counts fewer than 1000 floating-point operations
 SEGMENT = 512
 INLINE_FLOPS = 1000
 # laid end to end, a rule's numbers are the per-parameter program's bit for bit with the
