@@ -419,3 +419,33 @@ def test_states_read_or_loaded_stay_readable_after_steps():
     chex.assert_trees_all_equal(jax.tree_util.tree_map(np.asarray, read), kept)
     for p, q in zip(params, loaded_params):  # the loaded optimizer stepped as the first
         np.testing.assert_array_equal(np.asarray(p.data), np.asarray(q.data), strict=True)
+
+
+@FLAT_ONLY
+def test_a_wrong_gradient_in_a_later_call_raises_and_changes_nothing(monkeypatch):
+    """A step of several flat calls whose last refuses a gradient: torch's error, and
+    the states and values of the calls before it as they were (the step's other calls
+    donate nothing, so the checking path still has their inputs). Compared with a
+    twin stepped alike, so that no state is read (and cached) before the refusal."""
+    monkeypatch.setattr(eager, "CHUNK", 1)  # a call per parameter
+    (params, opt), (twin_params, twin) = (_lucid("Adam", {"lr": 0.01}, np.float32) for _ in "ab")
+    for k in range(2):
+        for ps, o in ((params, opt), (twin_params, twin)):
+            _set_grads(ps, k, np.float32)
+            o.step()
+    assert len(opt.backend._calls) == len(params)
+    params[-1].grad = jnp.zeros((5, 1), jnp.float32)
+    with pytest.raises(ValueError, match="a gradient of shape \\(5, 1\\) was given"):
+        opt.step()
+    (values, states), (twin_values, twin_states) = (
+        _snapshot(params, opt),
+        _snapshot(twin_params, twin),
+    )
+    for a, b in zip(values, twin_values):
+        np.testing.assert_array_equal(a, b, strict=True)
+    assert states.keys() == twin_states.keys()
+    for i in states:
+        for key in states[i]:
+            np.testing.assert_array_equal(states[i][key], twin_states[i][key], strict=True)
+    _set_grads(params, 2, np.float32)
+    opt.step()  # the right gradient again: the step goes on

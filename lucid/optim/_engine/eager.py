@@ -16,8 +16,10 @@ Elementwise math gives every element its own parameter's numbers, bit for bit
 as XLA compiles it in jax 0.10 (the tests check every elementwise family against
 the per-parameter program; older XLA differs in the last bit, hence `FLAT`).
 Such calls hold at most `CHUNK` parameters (XLA compiles each cut as a kernel of
-its own; calls of the same shapes share one executable), and their flat state
-buffers are donated to the next step (the backend's own: `states()` copies).
+its own; calls of the same shapes share one executable); the last call of a step
+donates its flat state buffers to the new ones (the backend's own: `states()`
+copies; only the last, since a call refused for its arguments runs nothing and
+the checking path then needs the inputs of the calls before it).
 
 Two rules of XLA:CPU decide what such a call costs on the host, and the layout
 follows them. It runs a program's kernels one after another only when the
@@ -175,7 +177,7 @@ Segment = tuple[tuple[tuple[str, Any], ...], tuple[str, ...], FlatLayout]
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
-def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
+def flat_program(rule: Rule, segments: tuple[Segment, ...], donate: bool = False) -> Callable:
     """One jitted function per (elementwise rule, segments), a segment being the
     static flags, hyper-parameter names and layout of some parameters of one group:
     per piece of a segment, its members' values and gradients laid end to end, the
@@ -221,9 +223,9 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
             new_values.append(values)
         return new_values, new_states
 
-    # the flat state buffers are the backend's own (made by `_state_joiner` or a step),
-    # so a step reuses their memory for the new ones
-    return jax.jit(run, donate_argnums=3)
+    # with ``donate``, the flat state buffers (the backend's own, made by `_state_joiner`
+    # or a step) give their memory to the new ones
+    return jax.jit(run, donate_argnums=3) if donate else jax.jit(run)
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -665,7 +667,9 @@ class EagerBackend:
                 batch.place = values_[0].sharding
                 arguments.append((vector, values_, grads_, _state_joiner(layout)(member_states)))
             segments = tuple(b.segment for b in call.batches)
-            program = flat_program(rule, segments)
+            # donated: this path's flat states are new copies (`self._states` is not
+            # touched until every call has returned)
+            program = flat_program(rule, segments, True)
             work.append((program, call, *(list(x) for x in zip(*arguments))))
         return work, plans
 
@@ -675,6 +679,12 @@ class EagerBackend:
         group must take the checking path at every step."""
         if any(plan is None for plan in plans):
             return None
-        for program, unit, *args in work:
+        last = len(work) - 1
+        for k, (program, unit, *args) in enumerate(work):
+            if type(unit) is _Call and k != last:
+                # only a step's last call donates its states: a call refused for its
+                # arguments (a gradient of another shape, say) runs nothing, so the
+                # calls before it must leave their inputs intact for the checking path
+                program = flat_program(self.rule, tuple(b.segment for b in unit.batches))
             unit.run = program.lower(*args).compile()
         return plans  # type: ignore[return-value]
