@@ -449,3 +449,24 @@ def test_a_wrong_gradient_in_a_later_call_raises_and_changes_nothing(monkeypatch
             np.testing.assert_array_equal(states[i][key], twin_states[i][key], strict=True)
     _set_grads(params, 2, np.float32)
     opt.step()  # the right gradient again: the step goes on
+
+
+@FLAT_ONLY
+@pytest.mark.parametrize("name,options", [("SGD", {"lr": 0.1, "momentum": 0.9}), ("NAdam", {})])
+def test_zero_dimensional_parameters_in_a_flat_call_equal_per_parameter_calls(
+    name, options, monkeypatch
+):
+    """0-d parameters next to 1-d ones (the inline estimate tells a 0-d parameter's
+    state fields from its rule's 0-d ``step``): the per-parameter program's numbers."""
+    runs = []
+    for small in (-1, eager.SMALL):
+        monkeypatch.setattr(eager, "SMALL", small)
+        params = [lucid.Parameter(jnp.asarray(v, jnp.float32)) for v in (0.5, [1.0, -2.0], -1.5)]
+        opt = getattr(lucid.optim, name)(params, **options)
+        for k in range(3):
+            for i, p in enumerate(params):
+                p.grad = jnp.full(p.shape, 0.1 * (k + 1) - 0.2 * i, jnp.float32)
+            opt.step()
+        runs.append([np.asarray(p.data) for p in params])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b, strict=True)

@@ -298,30 +298,50 @@ def _flat_kind(rule: Rule, state: Any, value: Any) -> tuple | None:
     return tuple(kind)
 
 
-@functools.lru_cache(maxsize=PROGRAMS_KEPT)
-def _update_flops_of(rule: Rule, flags: tuple, names: tuple[str, ...], avals: tuple) -> float:
-    vector, value, treedef, leaves = avals
-    state = jax.tree_util.tree_unflatten(treedef, leaves)
+# the length of the 1-D parameter whose update `_update_flops` counts
+_PROXY = 64
 
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def _update_flops_of(
+    rule: Rule, flags: tuple, names: tuple[str, ...], vector: Any, value: Any, state: Any
+) -> float:
     def update(vector, value, grad, state):
         hyper = {name: vector[i] for i, name in enumerate(names)}
         return apply_leaf(rule, dict(flags), hyper, value, grad, state)
 
-    analysis = jax.jit(update).lower(vector, value, value, state).cost_analysis()
+    try:
+        analysis = jax.jit(update).lower(vector, value, value, state).cost_analysis()
+    except Exception:  # an estimate only: without one, the call is not inline
+        return math.inf
     if isinstance(analysis, list | tuple):  # older jax: one dict per program
         analysis = analysis[0] if analysis else {}
-    flops = float((analysis or {}).get("flops", math.inf))
-    return flops / max(1, math.prod(value.shape))
+    return float((analysis or {}).get("flops", math.inf)) / _PROXY
 
 
 def _update_flops(
     rule: Rule, flags: tuple, names: tuple[str, ...], vector: Any, value: Any, state: Any
 ) -> float:
     """XLA's count of floating-point operations per element of one parameter's update
-    (of ``value``'s dtype and ``state``'s structure; cached by those)."""
-    leaves, treedef = jax.tree_util.tree_flatten(state)
-    spec = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in (vector, value, *leaves)]
-    return _update_flops_of(rule, flags, names, (spec[0], spec[1], treedef, tuple(spec[2:])))
+    (of ``value``'s dtype and ``state``'s structure), from the update of a 1-D
+    parameter of `_PROXY` elements (a flat call's members are elementwise: the count
+    does not depend on their shapes), cached by the rule, flags, names and dtypes."""
+    fields = [
+        None
+        if f is None
+        else jax.ShapeDtypeStruct(
+            () if name in rule.scalar_state and np.shape(f) == () else (_PROXY,), f.dtype
+        )
+        for name, f in zip(state._fields, state)
+    ]
+    return _update_flops_of(
+        rule,
+        flags,
+        names,
+        jax.ShapeDtypeStruct(np.shape(vector), vector.dtype),
+        jax.ShapeDtypeStruct((_PROXY,), value.dtype),
+        type(state)(*fields),
+    )
 
 
 def _starts(params: Sequence[Parameter]) -> tuple[int, ...]:
