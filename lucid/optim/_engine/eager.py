@@ -522,7 +522,8 @@ class EagerBackend:
         self.calls += len(work)
         # write back
         store = self._states
-        for (_, unit, *_), (new_values, new_states) in zip(work, results):
+        for item, (new_values, new_states) in zip(work, results):
+            unit = item[1]
             if type(unit) is _Call:
                 for batch, values, state in zip(unit.batches, new_values, new_states):
                     set_values(batch.params, values)
@@ -559,12 +560,8 @@ class EagerBackend:
                 else:
                     batch_grads = grads[span[0] : span[1]]
                 if batch.layout is not None:
-                    flat[batch.slot] = (
-                        batch.vector_of(values),
-                        values_of(batch.params),
-                        batch_grads,
-                        batch.state,
-                    )
+                    vector = batch.vector if values is batch.values else batch.vector_of(values)
+                    flat[batch.slot] = (vector, values_of(batch.params), batch_grads, batch.state)
                     continue
                 vector = np.asarray(values, batch.dtype)
                 states = [store[p] for p in batch.params]
@@ -572,7 +569,12 @@ class EagerBackend:
                     (batch.run, batch, vector, values_of(batch.params), batch_grads, states)
                 )
         for call in self._calls:
-            parts = [flat[b.slot] for b in call.batches]
+            batches = call.batches
+            if len(batches) == 1:
+                vector, values_, grads_, state = flat[batches[0].slot]
+                work.append((call.run, call, [vector], [values_], [grads_], [state]))
+                continue
+            parts = [flat[b.slot] for b in batches]
             work.append((call.run, call, *(list(x) for x in zip(*parts))))
         return work
 
