@@ -329,3 +329,144 @@ def test_a_group_in_one_call_equals_calls_of_one_parameter_bit_for_bit(name, opt
             jax.tree_util.tree_map(np.asarray, (together[0][i], together[1][i])),
             jax.tree_util.tree_map(np.asarray, (alone[0][0], alone[1][0])),
         )
+
+
+@FLAT_ONLY
+@pytest.mark.parametrize(
+    "name,options",
+    [("SGD", {"lr": 0.05, "momentum": 0.9}), ("Adam", {"lr": 0.01, "amsgrad": True})],
+)
+@pytest.mark.parametrize("inline", [True, False], ids=["apart", "in_pieces"])
+def test_flat_state_in_pieces_or_apart_equals_per_parameter_calls_bit_for_bit(
+    name, options, inline, monkeypatch
+):
+    """A flat call keeps each state field in pieces of at most SEGMENT bytes (here
+    several pieces of several members), or, where XLA would run the call inline, every
+    member's fields apart; either way the numbers are the per-parameter program's."""
+    rng = np.random.default_rng(2)
+    shapes = [(1 + i % 4, 5) if i % 3 else (7 + i % 5,) for i in range(18)]
+    start = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    grads = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(3)]
+    runs = []
+    for small in (-1, eager.SMALL):
+        monkeypatch.setattr(eager, "SMALL", small)
+        monkeypatch.setattr(eager, "INLINE_FLOPS", np.inf if inline else 0)
+        params = [lucid.Parameter(jnp.asarray(v)) for v in start]
+        opt = getattr(lucid.optim, name)([{"params": params}], **options)
+        for k in range(3):
+            for i, (p, g) in enumerate(zip(params, grads[k])):
+                p.grad = None if (k == 1 and i == 4) else jnp.asarray(g)
+            opt.step()
+        if small > 0:
+            batches = [b for plan in opt.backend._plans for b in plan.batches]
+            for batch in batches:
+                if inline:
+                    assert batch.layout.starts == tuple(range(len(batch.params)))
+                for a, b, _ in batch.layout.pieces:  # at most SEGMENT bytes
+                    assert sum(p.size * 4 for p in batch.params[a:b]) <= eager.SEGMENT
+            if not inline:  # somewhere several pieces of several members
+                assert any(1 < len(b.layout.starts) < len(b.params) for b in batches)
+        runs.append(
+            [
+                (np.asarray(p.data), {k: np.asarray(v) for k, v in opt.state[p].items()})
+                for p in params
+            ]
+        )
+    for (value_1, state_1), (value_flat, state_flat) in zip(*runs):
+        np.testing.assert_array_equal(value_1, value_flat, strict=True)
+        assert state_1.keys() == state_flat.keys()
+        for key in state_1:
+            np.testing.assert_array_equal(state_1[key], state_flat[key], strict=True)
+
+
+@FLAT_ONLY
+def test_a_small_sgd_step_runs_in_one_call_xla_runs_inline():
+    """Ten SGD parameters of 16 floats: one call, every member's buffer apart, which
+    XLA's cost analysis puts under its inline threshold (a call XLA:CPU hands to its
+    thread pool instead costs a wake-up per step)."""
+    params = [lucid.Parameter(jnp.full((16,), i, jnp.float32)) for i in range(10)]
+    opt = lucid.optim.SGD(params, lr=0.01, momentum=0.9)
+    for p in params:
+        p.grad = jnp.ones((16,), jnp.float32)
+    opt.step()
+    (call,) = opt.backend._calls
+    (batch,) = call.batches
+    assert batch.layout.starts == tuple(range(10))
+    analysis = call.run.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    assert analysis["flops"] < eager.INLINE_FLOPS
+
+
+@FLAT_ONLY
+def test_states_read_or_loaded_stay_readable_after_steps():
+    """The flat state buffers are donated to the next step; a state read from the
+    engine before it, or handed to it to load, stays an array of its own, unchanged."""
+    params, opt = _lucid("Adam", {"lr": 0.01}, np.float32)
+    _set_grads(params, 0, np.float32)
+    opt.step()
+    states = opt.backend.states()
+    read = [states[p] for p in params]
+    kept = jax.tree_util.tree_map(np.asarray, read)
+    loaded_params, loaded = _lucid("Adam", {"lr": 0.01}, np.float32)
+    loaded.backend.load(dict(zip(loaded_params, read)))
+    for p, q in zip(params, loaded_params):
+        q.data = p.data
+    for _ in range(2):
+        for ps, o in ((params, opt), (loaded_params, loaded)):
+            _set_grads(ps, 1, np.float32)
+            o.step()
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(read))
+    chex.assert_trees_all_equal(jax.tree_util.tree_map(np.asarray, read), kept)
+    for p, q in zip(params, loaded_params):  # the loaded optimizer stepped as the first
+        np.testing.assert_array_equal(np.asarray(p.data), np.asarray(q.data), strict=True)
+
+
+@FLAT_ONLY
+def test_a_wrong_gradient_in_a_later_call_raises_and_changes_nothing(monkeypatch):
+    """A step of several flat calls whose last refuses a gradient: torch's error, and
+    the states and values of the calls before it as they were (the step's other calls
+    donate nothing, so the checking path still has their inputs). Compared with a
+    twin stepped alike, so that no state is read (and cached) before the refusal."""
+    monkeypatch.setattr(eager, "CHUNK", 1)  # a call per parameter
+    (params, opt), (twin_params, twin) = (_lucid("Adam", {"lr": 0.01}, np.float32) for _ in "ab")
+    for k in range(2):
+        for ps, o in ((params, opt), (twin_params, twin)):
+            _set_grads(ps, k, np.float32)
+            o.step()
+    assert len(opt.backend._calls) == len(params)
+    params[-1].grad = jnp.zeros((5, 1), jnp.float32)
+    with pytest.raises(ValueError, match="a gradient of shape \\(5, 1\\) was given"):
+        opt.step()
+    (values, states), (twin_values, twin_states) = (
+        _snapshot(params, opt),
+        _snapshot(twin_params, twin),
+    )
+    for a, b in zip(values, twin_values):
+        np.testing.assert_array_equal(a, b, strict=True)
+    assert states.keys() == twin_states.keys()
+    for i in states:
+        for key in states[i]:
+            np.testing.assert_array_equal(states[i][key], twin_states[i][key], strict=True)
+    _set_grads(params, 2, np.float32)
+    opt.step()  # the right gradient again: the step goes on
+
+
+@FLAT_ONLY
+@pytest.mark.parametrize("name,options", [("SGD", {"lr": 0.1, "momentum": 0.9}), ("NAdam", {})])
+def test_zero_dimensional_parameters_in_a_flat_call_equal_per_parameter_calls(
+    name, options, monkeypatch
+):
+    """0-d parameters next to 1-d ones (the inline estimate tells a 0-d parameter's
+    state fields from its rule's 0-d ``step``): the per-parameter program's numbers."""
+    runs = []
+    for small in (-1, eager.SMALL):
+        monkeypatch.setattr(eager, "SMALL", small)
+        params = [lucid.Parameter(jnp.asarray(v, jnp.float32)) for v in (0.5, [1.0, -2.0], -1.5)]
+        opt = getattr(lucid.optim, name)(params, **options)
+        for k in range(3):
+            for i, p in enumerate(params):
+                p.grad = jnp.full(p.shape, 0.1 * (k + 1) - 0.2 * i, jnp.float32)
+            opt.step()
+        runs.append([np.asarray(p.data) for p in params])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b, strict=True)

@@ -5,22 +5,38 @@ NamedTuple, begun by `lucid.optim._engine.state.begin`, the same function the
 compiled backend begins states with, so compiling changes speed, never numbers.
 
 A step costs what its host code costs when the arrays are small, and on the
-host every array a call takes, and much more every array it returns, costs
-time of its own. So, on the CPU (with jax 0.10 or later: `FLAT`), an elementwise
-rule's small parameters (at most `SMALL` elements) whose states share a structure run
-*laid end to end* (`flat_program`): a call takes their values and gradients, lays them end to
-end inside the program, applies the rule once to the flat buffers and cuts
-the values back; their states stay flat between steps (one buffer per field
-for the whole call; a 0-d field such as ``step`` once, which every member
-shares: members are grouped by its value). Elementwise math gives every
-element its own parameter's numbers, bit for bit as XLA compiles it in jax 0.10
-(the tests check every elementwise family against the per-parameter program;
-older XLA differs in the last bit, hence `FLAT`). Such calls hold at most
-`CHUNK` parameters (XLA compiles each cut as a kernel of its own; calls of
-the same shapes share one executable). `states()` cuts the flat states per
-parameter on demand, once per step. Other parameters (a rule that is not
-elementwise, a large or sharded parameter, a sparse gradient) run through
-`group_program`, one call per group, device domain and state structure.
+host every array a call takes, and more every array it returns, costs time of
+its own. So, on the CPU (with jax 0.10 or later: `FLAT`), an elementwise rule's
+small parameters (at most `SMALL` elements) whose states share a structure run
+*laid end to end* (`flat_program`): a call takes their values and gradients,
+lays them end to end inside the program, applies the rule to the flat buffers
+and cuts the values back; their states stay flat between steps (a 0-d field such
+as ``step`` once, which every member shares: members are grouped by its value).
+Elementwise math gives every element its own parameter's numbers, bit for bit
+as XLA compiles it in jax 0.10 (the tests check every elementwise family against
+the per-parameter program; older XLA differs in the last bit, hence `FLAT`).
+Such calls hold at most `CHUNK` parameters (XLA compiles each cut as a kernel of
+its own; calls of the same shapes share one executable); the last call of a step
+donates its flat state buffers to the new ones (the backend's own: `states()`
+copies; only the last, since a call refused for its arguments runs nothing and
+the checking path then needs the inputs of the calls before it).
+
+Two rules of XLA:CPU decide what such a call costs on the host, and the layout
+follows them. It runs a program's kernels one after another only when the
+program has at most 8 of them or none of its buffers exceeds 512 bytes, and
+otherwise hands them to its thread pool (about 1.6 us more per kernel, and a
+call has a kernel per parameter): so each flat state field is held in pieces of
+at most `SEGMENT` bytes (`FlatLayout.starts`). And it runs a program on the
+calling thread only when its cost analysis counts under 1000 floating-point
+operations, and otherwise on a pool thread that the step must then wait for
+(tens of microseconds on a busy machine); that analysis counts each cut of a
+flat buffer as the whole buffer's work, so a call the analysis would otherwise
+put under the threshold (its parameters' elements times the update's operations
+per element, `_update_flops`, below `INLINE_FLOPS`) keeps each member's fields
+apart (pieces of one). `states()` cuts the flat states per parameter on demand,
+once per step. Other parameters (a rule that is not elementwise, a large or
+sharded parameter, a sparse gradient) run through `group_program`, one call per
+group, device domain and state structure.
 
 Everything that depends only on the step's *structure* (which parameters,
 which of them have gradients, their shapes, dtypes and devices, the static
@@ -42,6 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..._arrays import device_domain
@@ -66,6 +83,11 @@ from .state import begin, packed_hyper
 # parameters, while calls of the same shapes share one executable
 SMALL = 1 << 14
 CHUNK = 128
+# XLA:CPU runs a program's kernels one after another (not through its thread pool)
+# when none of its buffers exceeds 512 bytes, and the whole program on the calling
+# thread when its cost analysis counts fewer than 1000 floating-point operations
+SEGMENT = 512
+INLINE_FLOPS = 1000
 # laid end to end, a rule's numbers are the per-parameter program's bit for bit with the
 # XLA of jax 0.10 (tests/test_eager_plan.py checks every elementwise family); older
 # XLA:CPU compiles the flat update differently in the last bit (jax 0.4.35: Adam,
@@ -92,44 +114,57 @@ def group_program(
 
 class FlatLayout(NamedTuple):
     """How one call of an elementwise rule lays its parameters end to end: their
-    shapes, in order, and which state fields hold one 0-d value for all of them
-    (the rule's ``scalar_state``; every other field is laid out as the values).
-    Hashable (a program's key); ``split`` and ``join`` are traceable and inverse to
-    each other."""
+    shapes, in order, which state fields hold one 0-d value for all of them (the
+    rule's ``scalar_state``; every other field is laid out as the values), and where
+    the pieces start: a flat field is one buffer per piece (``starts``: each piece's
+    first member), so that no buffer of a call of small parameters exceeds `SEGMENT`
+    bytes. Hashable (a program's key); ``join_field`` and ``split_field`` (and the
+    states' ``join_states`` and ``split_states``) are traceable and inverse to each
+    other."""
 
     shapes: tuple[tuple[int, ...], ...]
     scalar: tuple[bool, ...]  # per state field
+    starts: tuple[int, ...] = (0,)  # per piece, its first member
 
     @property
-    def values(self) -> Layout:
-        """The values' layout: the compiled backend's 1-D flat `Layout`."""
-        return Layout(True, 1, tuple(math.prod(shape) for shape in self.shapes), self.shapes)
+    def pieces(self) -> list[tuple[int, int, Layout]]:
+        """Per piece: its first member, the member after its last, and its buffer's
+        layout (the compiled backend's 1-D flat `Layout`)."""
+        ends = (*self.starts[1:], len(self.shapes))
+        return [
+            (a, b, Layout(True, 1, tuple(math.prod(s) for s in self.shapes[a:b]), self.shapes[a:b]))
+            for a, b in zip(self.starts, ends)
+        ]
 
-    def join(self, arrays: Sequence[Any]) -> Any:
-        """Per-parameter arrays (of ``shapes``) as one flat buffer."""
-        return join_views(arrays, self.values)
+    def join_field(self, arrays: Sequence[Any]) -> tuple[Any, ...]:
+        """Per-parameter arrays (of ``shapes``) as one flat buffer per piece."""
+        return tuple(join_views(arrays[a:b], layout) for a, b, layout in self.pieces)
 
-    def split(self, flat: Any) -> list[Any]:
-        """A flat buffer as per-parameter arrays (the inverse of ``join``)."""
-        return views_of(flat, self.values)
+    def split_field(self, buffers: Sequence[Any]) -> list[Any]:
+        """The pieces' flat buffers as per-parameter arrays (the inverse of
+        ``join_field``)."""
+        out: list[Any] = []
+        for buffer, (_, _, layout) in zip(buffers, self.pieces):
+            out.extend(views_of(buffer, layout))
+        return out
 
     def join_states(self, states: Sequence[Any]) -> Any:
-        """The members' states as one state of the flat buffer (a 0-d field: the first
-        member's, which every member has)."""
+        """The members' states as one state of the flat buffers (a 0-d field: the
+        first member's, which every member has)."""
         fields = []
         for k, scalar in enumerate(self.scalar):
             first = states[0][k]
             if first is None or scalar:
                 fields.append(first)
             else:
-                fields.append(self.join([s[k] for s in states]))
+                fields.append(self.join_field([s[k] for s in states]))
         return type(states[0])(*fields)
 
     def split_states(self, state: Any) -> list[Any]:
-        """The flat buffer's state as the members' states (the inverse of
+        """The flat buffers' state as the members' states (the inverse of
         ``join_states``)."""
         cut = [
-            None if value is None or scalar else self.split(value)
+            None if value is None or scalar else self.split_field(value)
             for value, scalar in zip(state, self.scalar)
         ]
         return [
@@ -142,15 +177,17 @@ Segment = tuple[tuple[tuple[str, Any], ...], tuple[str, ...], FlatLayout]
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
-def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
+def flat_program(rule: Rule, segments: tuple[Segment, ...], donate: bool = False) -> Callable:
     """One jitted function per (elementwise rule, segments), a segment being the
     static flags, hyper-parameter names and layout of some parameters of one group:
-    per segment, its members' values and gradients laid end to end, the rule applied
-    once to the flat buffers with the members' state as one flat state (elementwise
-    math: every element's numbers are those of its own parameter's update), the
-    values cut back. The state stays flat between steps: one output per state field,
-    not one per parameter and field (each output is an array the host must wrap);
-    several groups' segments share a call (each call has a cost of its own)."""
+    per piece of a segment, its members' values and gradients laid end to end, the
+    rule applied once to the flat buffers with the members' state as one flat state
+    (elementwise math: every element's numbers are those of its own parameter's
+    update), the values cut back. The state stays flat between steps: one output per
+    state field and piece, not one per parameter and field (each output is an array
+    the host must wrap), a 0-d field once per segment (every piece computes the same
+    value from the same input); several groups' segments share a call (each call has
+    a cost of its own)."""
 
     def run(vectors, params, grads, states):
         new_values, new_states = [], []
@@ -158,38 +195,75 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...]) -> Callable:
             segments, vectors, params, grads, states
         ):
             hyper = {name: vector[i] for i, name in enumerate(names)}
-            value, state = apply_leaf(
-                rule, dict(flags), hyper, layout.join(p), layout.join(g), state
+            options = dict(flags)
+            values, pieces = [], []
+            for k, (a, b, piece) in enumerate(layout.pieces):
+                fields = (
+                    f if f is None or scalar else f[k] for f, scalar in zip(state, layout.scalar)
+                )
+                value, new = apply_leaf(
+                    rule,
+                    options,
+                    hyper,
+                    join_views(p[a:b], piece),
+                    join_views(g[a:b], piece),
+                    type(state)(*fields),
+                )
+                values.extend(views_of(value, piece))
+                pieces.append(new)
+            first = pieces[0]
+            new_states.append(
+                type(first)(
+                    *(
+                        f if f is None or scalar else tuple(new[j] for new in pieces)
+                        for j, (f, scalar) in enumerate(zip(first, layout.scalar))
+                    )
+                )
             )
-            new_values.append(layout.split(value))
-            new_states.append(state)
+            new_values.append(values)
         return new_values, new_states
 
-    return jax.jit(run)
+    # with ``donate``, the flat state buffers (the backend's own, made by `_state_joiner`
+    # or a step) give their memory to the new ones
+    return jax.jit(run, donate_argnums=3) if donate else jax.jit(run)
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def _field_splitter(layout: FlatLayout) -> Callable:
-    """Cuts a flat state's per-value fields (one list per field) in one call."""
-    return jax.jit(lambda fields: [layout.split(f) for f in fields])
+    """Cuts a flat state's per-value fields (one tuple of pieces per field) and copies
+    its 0-d fields, in one call: arrays of their own (the flat buffers are donated to
+    the next step)."""
+    return jax.jit(
+        lambda fields, scalars: (
+            [[jnp.copy(x) for x in layout.split_field(f)] for f in fields],
+            [jnp.copy(x) for x in scalars],
+        )
+    )
 
 
 def _split_states(layout: FlatLayout, state: Any) -> list[Any]:
-    """`FlatLayout.split_states` as one call; the 0-d fields are shared, not copied."""
-    arrays = [f for f, scalar in zip(state, layout.scalar) if f is not None and not scalar]
-    cut = iter(_field_splitter(layout)(arrays))
+    """`FlatLayout.split_states` as one call, into new arrays (a 0-d field: one copy,
+    which every member's state shares)."""
+    present = [(f, scalar) for f, scalar in zip(state, layout.scalar) if f is not None]
+    cut, copied = _field_splitter(layout)(
+        [f for f, scalar in present if not scalar], [f for f, scalar in present if scalar]
+    )
+    cut, copied = iter(cut), iter(copied)
     per_field = [
-        None if f is None or scalar else next(cut) for f, scalar in zip(state, layout.scalar)
+        None if f is None else (next(copied), None) if scalar else (None, next(cut))
+        for f, scalar in zip(state, layout.scalar)
     ]
     return [
-        type(state)(*(f if c is None else c[i] for f, c in zip(state, per_field)))
+        type(state)(*(None if c is None else c[0] if c[1] is None else c[1][i] for c in per_field))
         for i in range(len(layout.shapes))
     ]
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def _state_joiner(layout: FlatLayout) -> Callable:
-    return jax.jit(layout.join_states)
+    """`FlatLayout.join_states` as one call, into new arrays (donated by the step, so
+    never an array a caller holds: a loaded state's, say)."""
+    return jax.jit(lambda states: jax.tree_util.tree_map(jnp.copy, layout.join_states(states)))
 
 
 def _flat_kind(rule: Rule, state: Any, value: Any) -> tuple | None:
@@ -224,13 +298,85 @@ def _flat_kind(rule: Rule, state: Any, value: Any) -> tuple | None:
     return tuple(kind)
 
 
+# the length of the 1-D parameter whose update `_update_flops` counts
+_PROXY = 64
+
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def _update_flops_of(
+    rule: Rule, flags: tuple, names: tuple[str, ...], vector: Any, value: Any, state: Any
+) -> float:
+    def update(vector, value, grad, state):
+        hyper = {name: vector[i] for i, name in enumerate(names)}
+        return apply_leaf(rule, dict(flags), hyper, value, grad, state)
+
+    try:
+        analysis = jax.jit(update).lower(vector, value, value, state).cost_analysis()
+    except Exception:  # an estimate only: without one, the call is not inline
+        return math.inf
+    if isinstance(analysis, list | tuple):  # older jax: one dict per program
+        analysis = analysis[0] if analysis else {}
+    return float((analysis or {}).get("flops", math.inf)) / _PROXY
+
+
+def _update_flops(
+    rule: Rule, flags: tuple, names: tuple[str, ...], vector: Any, value: Any, state: Any
+) -> float:
+    """XLA's count of floating-point operations per element of one parameter's update
+    (of ``value``'s dtype and ``state``'s structure), from the update of a 1-D
+    parameter of `_PROXY` elements (a flat call's members are elementwise: the count
+    does not depend on their shapes), cached by the rule, flags, names and dtypes."""
+    fields = [
+        None
+        if f is None
+        else jax.ShapeDtypeStruct(
+            () if name in rule.scalar_state and np.shape(f) == () else (_PROXY,), f.dtype
+        )
+        for name, f in zip(state._fields, state)
+    ]
+    return _update_flops_of(
+        rule,
+        flags,
+        names,
+        jax.ShapeDtypeStruct(np.shape(vector), vector.dtype),
+        jax.ShapeDtypeStruct((_PROXY,), value.dtype),
+        type(state)(*fields),
+    )
+
+
+def _starts(params: Sequence[Parameter]) -> tuple[int, ...]:
+    """Where the pieces of a flat call's buffers start: each piece holds consecutive
+    members, at most `SEGMENT` bytes of them (a larger member: a piece of its own)."""
+    starts, size = [], SEGMENT
+    for i, p in enumerate(params):
+        nbytes = p.size * np.dtype(p.dtype).itemsize
+        if size + nbytes > SEGMENT:
+            starts.append(i)
+            size = 0
+        size += nbytes
+    return tuple(starts)
+
+
 class _Batch:
     """One call of a group's program: the group's parameters (with gradients) on one
     device domain whose states share a structure, the executable compiled for their
     last step (``None`` until that step ran) and, where the states live in flat
     buffers (``layout``), those buffers."""
 
-    __slots__ = ("dtype", "layout", "members", "params", "run", "segment", "slot", "state", "whole")
+    __slots__ = (
+        "dtype",
+        "layout",
+        "members",
+        "params",
+        "place",
+        "run",
+        "segment",
+        "slot",
+        "span",
+        "state",
+        "values",
+        "vector",
+    )
 
     def __init__(
         self,
@@ -238,17 +384,34 @@ class _Batch:
         params: list[Parameter],
         dtype: Any,
         layout: FlatLayout | None,
-        whole: bool,
     ) -> None:
         self.members = members  # positions in the group's parameter list
         self.params = params
         self.dtype = dtype  # of the hyper-parameter vector
         self.layout = layout  # None: the states stay per parameter
-        self.whole = whole  # the members are the whole group, in order
+        first = members[0] if members else 0
+        # the members are consecutive in the group: their gradients are a slice
+        self.span = (
+            (first, first + len(members))
+            if members == list(range(first, first + len(members)))
+            else None
+        )
         self.run: Any = None
         self.state: Any = None  # the flat state buffers (with a layout)
         self.segment: Segment | None = None  # with a layout: its part of a flat call
         self.slot = 0  # with a layout: its position among the step's flat batches
+        self.place: Any = None  # with a layout: where its members live
+        self.values: Any = None  # the hyper-parameter values of ``vector``
+        self.vector: Any = None  # with a layout: those values, on the members' device
+
+    def vector_of(self, values: tuple) -> Any:
+        """The hyper-parameter vector of ``values`` on the members' device (one transfer
+        while the values stay the same; the optimizer hands the same tuple then)."""
+        if values is not self.values:
+            if values != self.values:
+                self.vector = jax.device_put(np.asarray(values, self.dtype), self.place)
+            self.values = values
+        return self.vector
 
 
 class _Call:
@@ -359,7 +522,8 @@ class EagerBackend:
         self.calls += len(work)
         # write back
         store = self._states
-        for (_, unit, *_), (new_values, new_states) in zip(work, results):
+        for item, (new_values, new_states) in zip(work, results):
+            unit = item[1]
             if type(unit) is _Call:
                 for batch, values, state in zip(unit.batches, new_values, new_states):
                     set_values(batch.params, values)
@@ -390,17 +554,27 @@ class EagerBackend:
             if list(map(operator.is_not, grads, plan.nones)) != plan.has_grad:
                 return None
             for batch in plan.batches:
-                vector = np.asarray(values, batch.dtype)
-                batch_grads = grads if batch.whole else [grads[i] for i in batch.members]
+                span = batch.span
+                if span is None:
+                    batch_grads = [grads[i] for i in batch.members]
+                else:
+                    batch_grads = grads[span[0] : span[1]]
                 if batch.layout is not None:
+                    vector = batch.vector if values is batch.values else batch.vector_of(values)
                     flat[batch.slot] = (vector, values_of(batch.params), batch_grads, batch.state)
                     continue
+                vector = np.asarray(values, batch.dtype)
                 states = [store[p] for p in batch.params]
                 work.append(
                     (batch.run, batch, vector, values_of(batch.params), batch_grads, states)
                 )
         for call in self._calls:
-            parts = [flat[b.slot] for b in call.batches]
+            batches = call.batches
+            if len(batches) == 1:
+                vector, values_, grads_, state = flat[batches[0].slot]
+                work.append((call.run, call, [vector], [values_], [grads_], [state]))
+                continue
+            parts = [flat[b.slot] for b in batches]
             work.append((call.run, call, *(list(x) for x in zip(*parts))))
         return work
 
@@ -459,38 +633,32 @@ class EagerBackend:
             for (domain, kind, *_), members in calls.items():
                 dtype = np.float64 if domain in wide else np.float32
                 member_states = [states[i] for i in members]
-                layout, state = None, member_states
-                if kind is not None:
-                    fields = states[members[0]]._fields
-                    layout = FlatLayout(
-                        tuple(tuple(params[i].shape) for i in members),
-                        tuple(name in rule.scalar_state for name in fields),
-                    )
-                    state = _state_joiner(layout)(member_states)
                 batch = _Batch(
                     [positions[i] for i in members],
                     [params[i] for i in members],
                     dtype,
-                    layout,
-                    len(members) == len(all_params),
+                    None,
                 )
                 batches_.append(batch)
                 args = (
                     np.asarray(values, dtype),
                     [p.data for p in batch.params],
                     [grads[positions[i]] for i in members],
-                    state,
+                    member_states,
                 )
-                if layout is None:
+                if kind is None:
                     work.append((program, batch, *args))
                 else:
-                    batch.segment = (key, names, layout)
-                    flat.append((domain, batch, args))
+                    first = members[0]
+                    flops = sum(p.size for p in batch.params) * _update_flops(
+                        rule, key, names, args[0], params[first].data, states[first]
+                    )
+                    flat.append((domain, batch, args, (key, names, states[first]._fields), flops))
         # the flat batches in calls of at most CHUNK parameters, per device domain, in
         # order (several small groups share one call)
         self._calls = []
         open_calls: dict[Any, tuple[_Call, list[tuple]]] = {}
-        for slot, (domain, batch, args) in enumerate(flat):
+        for slot, (domain, batch, *rest) in enumerate(flat):
             batch.slot = slot
             current = open_calls.get(domain)
             if (
@@ -502,11 +670,29 @@ class EagerBackend:
                 self._calls.append(current[0])
                 calls_args.append(current)
             current[0].batches.append(batch)
-            current[1].append(args)
+            current[1].append(rest)
         for call, parts in calls_args:
+            # a call XLA:CPU would run inline (on this thread) keeps every member's state
+            # fields apart (XLA counts a cut of a flat buffer as the whole buffer's work)
+            inline = sum(flops for *_, flops in parts) < INLINE_FLOPS
+            arguments = []
+            for batch, ((vector, values_, grads_, member_states), (key, names, fields), _) in zip(
+                call.batches, parts
+            ):
+                layout = FlatLayout(
+                    tuple(tuple(p.shape) for p in batch.params),
+                    tuple(name in rule.scalar_state for name in fields),
+                    tuple(range(len(batch.params))) if inline else _starts(batch.params),
+                )
+                batch.layout = layout
+                batch.segment = (key, names, layout)
+                batch.place = values_[0].sharding
+                arguments.append((vector, values_, grads_, _state_joiner(layout)(member_states)))
             segments = tuple(b.segment for b in call.batches)
-            program = flat_program(rule, segments)
-            work.append((program, call, *(list(x) for x in zip(*parts))))
+            # donated: this path's flat states are new copies (`self._states` is not
+            # touched until every call has returned)
+            program = flat_program(rule, segments, True)
+            work.append((program, call, *(list(x) for x in zip(*arguments))))
         return work, plans
 
     def _compile(self, plans: list[_Plan | None], work: list[tuple]) -> list[_Plan] | None:
@@ -515,6 +701,12 @@ class EagerBackend:
         group must take the checking path at every step."""
         if any(plan is None for plan in plans):
             return None
-        for program, unit, *args in work:
+        last = len(work) - 1
+        for k, (program, unit, *args) in enumerate(work):
+            if type(unit) is _Call and k != last:
+                # only a step's last call donates its states: a call refused for its
+                # arguments (a gradient of another shape, say) runs nothing, so the
+                # calls before it must leave their inputs intact for the checking path
+                program = flat_program(self.rule, tuple(b.segment for b in unit.batches))
             unit.run = program.lower(*args).compile()
         return plans  # type: ignore[return-value]
