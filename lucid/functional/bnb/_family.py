@@ -134,9 +134,10 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
             if unorm_vec is not None and unorm is not None:
                 unorm_vec = jnp.reshape(unorm, (1,)).astype(f32)
             return p, BnbState(step, s1, s2, None, None, unorm_vec)
-        # One graph for the whole step: XLA decides what to store between the kernels
-        # (on a GPU it stores the float32 states once, from the absmax reduction; forcing
-        # it to recompute them from the codes measured slower there).
+        # XLA's graph (`_step8`) is one graph for the whole step: XLA decides what to
+        # store between its kernels (on a GPU, for a tensor the fused kernel does not
+        # take, the float32 states once, from the absmax reduction; recomputing them
+        # from the codes measured slower there)
         step8 = functools.partial(_step8, kernel, h=h, t=t, flags=flags)
         stored = (state.state1, state.absmax1, state.state2, state.absmax2)
         branches = {}
