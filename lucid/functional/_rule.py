@@ -92,6 +92,16 @@ class Rule:
       batched_unless: backends (`jax.default_backend()` names) on which ``batched``
         is off: bitsandbytes' 8-bit rules run one fused kernel per parameter on a
         GPU, into which a stacked class would only be copied.
+      blocks: for a rule that is not elementwise but treats a parameter's flattened
+        value as independent blocks (bitsandbytes' block-wise 8-bit state), so that
+        parameters may still share a flat buffer: ``blocks(size, flags, state) ->
+        (block, flags_override)`` for a parameter of ``size`` elements (and its
+        ``state``, or ``None`` before its first step), ``size`` a multiple of
+        ``block``: parameters of one block and override are laid end to end and
+        updated as one array under the group's flags updated by ``flags_override``,
+        each state field kept per element or per ``block`` elements. Returns
+        ``None`` for a parameter that must be updated alone (a reduction over it:
+        LAMB's trust ratio; a partial last block, which a neighbour would fill).
       check_at_step: checks torch makes at a step rather than at construction
         (Muon's ``ns_steps``), run before every step moves anything.
       guarded: options (torch's names, ``eps[0]`` for an element of a pair) the rule
@@ -123,6 +133,7 @@ class Rule:
     elementwise: bool = True
     batched: bool = False
     batched_unless: tuple[str, ...] = ()
+    blocks: Callable[[int, Mapping[str, Any], Any], tuple[int, dict] | None] | None = None
     storage_dtype: bool = False
     check_at_step: Callable[[Options], None] | None = None
     guarded: tuple[str, ...] = ()

@@ -39,6 +39,8 @@ class Bucket:
         with ``shard_state_over``: the replicated sharding and the axes its state is
         cut over along each array's first axis (`lucid.optim._engine.sharding.RowShard`);
         else None.
+      flags: for a rule over blocks (`Rule.blocks`), the static options that differ
+        from the group's for this bucket, as sorted ``(name, value)`` pairs.
     """
 
     store: FlatStore | Borrowed
@@ -46,6 +48,7 @@ class Bucket:
     state: Any
     domain: Any
     rows_over: RowShard | None = None
+    flags: tuple = ()
 
     @property
     def partly(self) -> bool:
@@ -81,7 +84,10 @@ def entries(params_by_group: Sequence[Sequence[Parameter]], states: Mapping) -> 
     return found
 
 
-def _key(rule: Rule, entry: Entry) -> tuple:
+def _key(rule: Rule, entry: Entry, flags: Mapping[str, Any] | None, sharded: bool) -> tuple:
+    """What parameters must share to share a bucket; a rule over blocks also keys by
+    its block and flags (``flags``: the group's, if known; ``sharded``: state is
+    sharded)."""
     if entry.borrowed:
         return ("borrowed", id(entry.param))
     state = entry.state
@@ -93,18 +99,38 @@ def _key(rule: Rule, entry: Entry) -> tuple:
             for name, value in zip(state._fields, state)
         )
     where = placement(entry.value)
-    # alone: a sharding no flat buffer can keep, or a rule that is not elementwise
-    # (it reduces over each parameter, and its state fields have shapes of their own)
-    if where[0] is None or not rule.elementwise:
+    blocks: Any = (1, ())
+    if not rule.elementwise:
+        # a rule over blocks of a flattened parameter may lay parameters of one
+        # device (or replicated, with whole state) end to end, each of whole blocks
+        found = None
+        whole = where[0] is not None and where[1] == 1 and not sharded
+        if rule.blocks is not None and flags is not None and whole:
+            found = rule.blocks(int(entry.value.size), flags, state)
+        # alone: a rule that reduces over each parameter (its state fields have
+        # shapes of their own)
+        blocks = (1, ()) if found is None else (found[0], tuple(sorted(found[1].items())))
+        if found is None:
+            where = (("alone", id(entry.param)), 1, None)
+    elif where[0] is None:  # a sharding no flat buffer can keep
         where = (("alone", id(entry.param)), 1, None)
-    return (entry.group, str(entry.value.dtype), where, signature, entry.grad is not None)
+    return (entry.group, str(entry.value.dtype), where, signature, entry.grad is not None, blocks)
 
 
-def build(rule: Rule, found: list[Entry], shard_state_over: Axes | None) -> list[Bucket]:
-    """Lay ``found`` out into buckets and move the parameters into their stores."""
+def build(
+    rule: Rule,
+    found: list[Entry],
+    shard_state_over: Axes | None,
+    flags: Sequence[Mapping[str, Any]] | None = None,
+) -> list[Bucket]:
+    """Lay ``found`` out into buckets and move the parameters into their stores
+    (``flags``: each group's static options, which a rule over blocks reads to lay
+    its parameters end to end; ``None``, not known yet: each parameter alone)."""
     keyed: dict[tuple, list[Entry]] = {}
+    sharded = shard_state_over is not None
     for entry in found:
-        keyed.setdefault(_key(rule, entry), []).append(entry)
+        group_flags = None if flags is None else flags[entry.group]
+        keyed.setdefault(_key(rule, entry, group_flags, sharded), []).append(entry)
     buckets = []
     for key, members in keyed.items():
         first = members[0]
@@ -122,6 +148,7 @@ def build(rule: Rule, found: list[Entry], shard_state_over: Axes | None) -> list
                 # a rule over whole parameters (block-wise state): cut by rows
                 sharded_state(own[1], shard_state_over)  # checks the axes
                 rows_over = RowShard(whole, shard_state_over)
+            align, _ = key[5]  # a rule over blocks: every size a multiple of it
             store = FlatStore(
                 [e.param for e in members],
                 [e.value for e in members],
@@ -129,6 +156,7 @@ def build(rule: Rule, found: list[Entry], shard_state_over: Axes | None) -> list
                 rows,
                 sharding,
                 state_sharding,
+                align,
             )
             grads = [e.grad for e in members]
             if all(g is not None for g in grads):
@@ -147,7 +175,9 @@ def build(rule: Rule, found: list[Entry], shard_state_over: Axes | None) -> list
                     for name, value in zip(first.state._fields, first.state)
                 )
             )
-        buckets.append(Bucket(store, first.group, state, device_domain(first.value), rows_over))
+        overrides = () if first.borrowed else key[5][1]
+        domain = device_domain(first.value)
+        buckets.append(Bucket(store, first.group, state, domain, rows_over, overrides))
     for bucket in buckets:
         if isinstance(bucket.store, FlatStore):
             for index, p in enumerate(bucket.store.params):

@@ -68,6 +68,9 @@ class CompiledBackend:
         self._orphans: dict[Parameter, Any] = {}  # state of parameters no group lists
         self._where: dict[Parameter, tuple[Bucket, int]] = {}
         self._device_vectors: dict[Any, tuple[list[float], jax.Array]] = {}
+        # the groups' static options the layout was made for (a rule over blocks
+        # lays parameters out by them; None: not known before the first step)
+        self._flags: list[dict[str, Any]] | None = None
         self._lay_out(_params_of(groups), dict(states))
 
     # ------------------------------------------------------ Backend protocol
@@ -96,7 +99,7 @@ class CompiledBackend:
         return held
 
     def load(self, states: Mapping[Parameter, Any]) -> None:
-        self._lay_out(self._params, dict(states))
+        self._lay_out(self._params, dict(states), self._flags)
 
     def step(self, groups: Sequence[Group]) -> None:
         """One update of every bucket whose parameters all have gradients."""
@@ -264,20 +267,26 @@ class CompiledBackend:
         """Lay out again when the groups' parameters are not those of the layout, or
         (``gradients``) a bucket's parameters stopped having gradients together."""
         params = self._params
+        # a rule over blocks lays parameters out by their groups' static options
+        flags = None if self.rule.blocks is None else [g.hyper.flags for g in groups]
         # lists compared element by element, by identity, in C: no copies per step
         if len(groups) != len(params) or any(g.params != held for g, held in zip(groups, params)):
-            self._lay_out(_params_of(g.params for g in groups), self.states())
-        elif gradients and any(b.partly for b in self._buckets):
-            self._lay_out(params, self.states())
+            self._lay_out(_params_of(g.params for g in groups), self.states(), flags)
+        elif flags != self._flags or (gradients and any(b.partly for b in self._buckets)):
+            self._lay_out(params, self.states(), flags)
 
-    def _lay_out(self, params: Params, states: dict[Parameter, Any]) -> None:
-        """Release everything, then lay ``params`` out with ``states``."""
+    def _lay_out(
+        self, params: Params, states: dict[Parameter, Any], flags: list | None = None
+    ) -> None:
+        """Release everything, then lay ``params`` out with ``states`` (``flags``: the
+        groups' static options, for a rule over blocks)."""
         layout.release(self._buckets)
         listed = {p for group in params for p in group}
         self._orphans = {p: s for p, s in states.items() if p not in listed}
         self._params = params
+        self._flags = flags
         self._buckets = layout.build(
-            self.rule, layout.entries(params, states), self.shard_state_over
+            self.rule, layout.entries(params, states), self.shard_state_over, flags
         )
         self._where = {
             p: (bucket, index)
@@ -303,7 +312,7 @@ class CompiledBackend:
         layout.release(self._buckets)
         self._buckets = []
         p.relocate(OwnArrays(value, None))
-        self._lay_out(self._params, states)
+        self._lay_out(self._params, states, self._flags)
 
     # ------------------------------------------------------------ running
     def _check_grads(self, bucket: Bucket, group: Group) -> None:
@@ -325,7 +334,8 @@ class CompiledBackend:
             store = bucket.store
             creates = bucket.state is None or self.rule.start_optional is not None
             template = store.state_template() if creates else store.values
-            state = begin(self.rule, group.hyper.flags, start, bucket.state, template)
+            flags = {**group.hyper.flags, **dict(bucket.flags)}
+            state = begin(self.rule, flags, start, bucket.state, template)
             if creates:  # new fields placed as the program returns them
                 state = _scalars_placed(state, _vector_sharding([bucket]))
             states.append(state)
@@ -338,6 +348,7 @@ class CompiledBackend:
         plans, narrow, wide = [], [], []
         for bucket in buckets:
             names, values, flags = groups[bucket.group].hyper
+            flags = {**flags, **dict(bucket.flags)}
             store = bucket.store
             target = wide if store.wide else narrow
             shard: Any = bucket.rows_over  # a rule over whole parameters: by rows

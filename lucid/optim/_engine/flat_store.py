@@ -75,6 +75,14 @@ def _padded(length: int, dtype: Any, sharding: Any) -> Any:
     return jax.jit(pad, out_shardings=sharding)
 
 
+def _offsets(layout: Layout) -> tuple:
+    """Where each parameter of a flat ``layout`` starts (in columns for rows)."""
+    columns = [size // layout.rows for size in layout.sizes]
+    # int32 where it fits: a Python int is an int64 index under x64, which Apple
+    # GPUs' programs avoid (docs/backends.md)
+    return tuple(np.int32(o) if o < 2**31 else int(o) for o in np.cumsum((0, *columns))[:-1])
+
+
 class FlatStore:
     """Parameters' values and gradients in one buffer (see module docstring)."""
 
@@ -86,6 +94,7 @@ class FlatStore:
         rows: int = 1,
         sharding: Any = None,
         state_sharding: Any = None,
+        align: int = 1,
     ) -> None:
         # weakly: each parameter keeps its store (its value lives there), so a strong
         # list would be a cycle that keeps the buffers until the cyclic gc runs; while
@@ -96,7 +105,7 @@ class FlatStore:
         self.wide = compute_dtype(self.value_dtype) == np.float64  # hyper-parameters in float64 too
         self.shapes = tuple(tuple(v.shape) for v in values)
         self.sizes = tuple(int(np.prod(s)) for s in self.shapes)
-        self.layout = Layout(flat, rows, self.sizes, self.shapes)
+        self.layout = Layout(flat, rows, self.sizes, self.shapes, align if flat else 1)
         self.sharding = sharding  # imposed on the flat buffers (None: where they land)
         # state buffers sharded over a mesh axis (ZeRO-1), padded to ``state_length``
         self.state_sharding = state_sharding if flat and rows == 1 else None
@@ -104,11 +113,9 @@ class FlatStore:
         shards = shard_count(self.state_sharding)
         self.state_length = -(-total // shards) * shards
         self.columns = tuple(size // rows for size in self.sizes)
-        # int32 where it fits: a Python int is an int64 index under x64, which Apple
-        # GPUs' programs avoid (docs/backends.md)
-        self.offsets = tuple(
-            np.int32(o) if o < 2**31 else int(o) for o in np.cumsum((0, *self.columns))[:-1]
-        )
+        self.offsets = _offsets(self.layout)
+        # a rule over blocks (``align`` > 1) keeps some state fields per block
+        self.block_layout = self.layout.blocks_of()
         self.values: Array = self.like(values) if flat else jnp.asarray(values[0])
         self.grads: Array | None = None
         self.has_grad = np.zeros(len(self._params), bool)
@@ -140,35 +147,45 @@ class FlatStore:
         return self.on_restructure is not None and self.on_restructure() is not None
 
     def views(self, buffer: Array) -> list[Array]:
-        """Every parameter's slice of ``buffer`` (a value, gradient or state buffer),
-        as new arrays: the store's own buffers are donated to the next step."""
+        """Every parameter's slice of ``buffer`` (a value, gradient or state buffer,
+        per element or, for a rule over blocks, per block), as new arrays: the
+        store's own buffers are donated to the next step."""
         if not self.flat:
             return [jnp.array(buffer, copy=True)]
-        return _split(buffer, self.layout)
+        return _split(buffer, self._layout_of(buffer))
+
+    def _layout_of(self, buffer: Array) -> Layout:
+        """The values' layout, or the per-block one for a shorter state buffer."""
+        if self.layout.align > 1 and buffer.shape[0] != sum(self.sizes):
+            return self.block_layout
+        return self.layout
 
     def like(self, arrays: Sequence[Array]) -> Array:
         """Per-parameter arrays laid out as this store's buffers are, in a new buffer
         (state fields may share one zeros array, and each buffer is donated)."""
         if not self.flat:
             return jnp.array(arrays[0], copy=True)
-        return self._assembled(arrays)
+        return self._assembled(arrays, self.layout)
 
-    def _assembled(self, arrays: Sequence[Array]) -> Array:
+    def _assembled(self, arrays: Sequence[Array], layout: Layout) -> Array:
         """`join_views` without its cost at start-up: one ``concatenate`` of
         thousands of arrays is an XLA compilation of seconds, while writing each piece
         into a zeros buffer reuses one small executable per distinct piece shape."""
         dtype = jnp.asarray(arrays[0]).dtype
-        rows = self.layout.rows
-        buffer = jnp.zeros((sum(self.columns),) if rows == 1 else (rows, sum(self.columns)), dtype)
+        rows, length = layout.rows, sum(layout.sizes) // layout.rows
+        buffer = jnp.zeros((length,) if rows == 1 else (rows, length), dtype)
         if self.sharding is not None:
             buffer = jax.device_put(buffer, self.sharding)
-        for array, offset in zip(arrays, self.offsets):
+        for array, offset in zip(arrays, _offsets(layout)):
             buffer = _write(buffer, jnp.asarray(array), offset)
         return buffer
 
     def like_state(self, arrays: Sequence[Array]) -> Array:
         """Per-parameter state arrays as one state buffer of this store (`like`,
-        sharded and padded when the state is sharded)."""
+        sharded and padded when the state is sharded; per block where a rule over
+        blocks keeps a field so)."""
+        if self.flat and self.layout.align > 1 and jnp.size(arrays[0]) != self.sizes[0]:
+            return self._assembled(arrays, self.block_layout)
         if self.state_sharding is None:
             return self.like(arrays)
         dtype = arrays[0].dtype

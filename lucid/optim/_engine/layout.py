@@ -22,12 +22,23 @@ class Layout(NamedTuple):
     leading blocks of a parameter sharded along its first axis; each buffer is
     then ``(rows, columns)``, row ``r`` holding every parameter's ``r``-th block,
     so each device keeps exactly its own shards. 1 for everything else.
+    ``align``: every size is a multiple of it (a rule over blocks of ``align``
+    elements, `lucid.functional._rule.Rule.blocks`: each parameter's blocks
+    are whole, and a state field kept per block lies in a buffer of its own
+    layout, `blocks_of`).
     """
 
     flat: bool
     rows: int
     sizes: tuple[int, ...]
     shapes: tuple[tuple[int, ...], ...]
+    align: int = 1
+
+    def blocks_of(self) -> Layout:
+        """The layout of a state field kept per block: each parameter's
+        ``size // align`` blocks, end to end."""
+        counts = tuple(size // self.align for size in self.sizes)
+        return Layout(self.flat, 1, counts, tuple((n,) for n in counts))
 
     @property
     def param_count(self) -> int:
