@@ -95,6 +95,30 @@ def eight_bit(size: int, optim_bits: int, min_8bit_size: int) -> bool:
     return optim_bits == 8 and not size < min_8bit_size
 
 
+def _blocks(kernel: Kernel) -> Callable[..., tuple[int, dict] | None]:
+    """`Rule.blocks` of a family: an 8-bit parameter's state is blocks of
+    `_quant.BLOCK_SIZE` elements, each quantized on its own, so parameters of whole
+    blocks can be laid end to end; one with a partial last block stays alone (its
+    block's absmax is over its own elements only, and a zero-valued element does
+    not keep a zero state: the dynamic map's nearest code to 0 is not 0). A 32-bit
+    parameter is elementwise, and a flat buffer of them keeps 32-bit state whatever
+    its length (``optim_bits`` 32). AdEMAMix's two stacked moments and a trust
+    ratio (LAMB, LARS) keep a parameter alone."""
+
+    def blocks(size: int, flags: Options, state: Any) -> tuple[int, dict] | None:
+        if kernel.double or flags["use_unorm"]:
+            return None
+        if state is None:
+            eight = eight_bit(size, flags["optim_bits"], flags["min_8bit_size"])
+        else:
+            eight = state.absmax1 is not None
+        if not eight:
+            return 1, {"optim_bits": 32}
+        return (_quant.BLOCK_SIZE, {}) if size % _quant.BLOCK_SIZE == 0 else None
+
+    return blocks
+
+
 def _init(kernel: Kernel) -> Callable[..., BnbState]:
     def init(param, hyper, *, optim_bits, min_8bit_size, use_unorm, **_) -> BnbState:
         shape = tuple(param.shape)
@@ -279,6 +303,7 @@ def rule(
         elementwise=False,
         batched=True,
         batched_unless=("gpu",),
+        blocks=_blocks(kernel),
         check_at_step=check_bits if bits is None else None,
     )
 

@@ -60,9 +60,11 @@ WARPS = 1
 
 def supported(kernel: Any, param: Array) -> bool:
     """Whether the fused kernel takes this parameter: a one-moment-per-state rule (not
-    AdEMAMix's stacked pair) over a whole number of blocks."""
+    AdEMAMix's stacked pair) over a whole number of blocks, of fewer than 2**31
+    elements (Triton's offsets are 32-bit)."""
     size = int(math.prod(param.shape))
-    return not kernel.double and size > 0 and size % _quant.BLOCK_SIZE == 0
+    whole = size > 0 and size % _quant.BLOCK_SIZE == 0
+    return not kernel.double and whole and size < 2**31
 
 
 def _rows_per_tile(blocks: int) -> int:
