@@ -226,9 +226,12 @@ def test_an_edit_of_the_static_options_lays_the_parameters_out_again():
 def test_a_layout_of_blocks_cuts_a_per_block_buffer_per_parameter():
     shapes = ((3, 256), (256,), (2, 2, 128))
     layout = Layout(True, 1, tuple(int(np.prod(s)) for s in shapes), shapes, 256)
-    per_block = layout.blocks_of()
+    per_block = layout.per(256)
     assert per_block.sizes == (3, 1, 2) and per_block.shapes == ((3,), (1,), (2,))
     absmax = jnp.arange(6, dtype=jnp.float32)
     pieces = [np.asarray(x).tolist() for x in per_block.split(absmax)]
     assert pieces == [[0.0, 1.0, 2.0], [3.0], [4.0, 5.0]]
     np.testing.assert_array_equal(np.asarray(per_block.join(per_block.split(absmax))), absmax)
+    assert layout.per(2).sizes == (384, 128, 256)  # two 4-bit codes a byte
+    with pytest.raises(ValueError, match="one entry per 512"):
+        layout.per(512)

@@ -200,9 +200,11 @@ def run_both(
     steps: int = STEPS,
     groups: list[dict] | None = None,
     dtype: str = "float32",
+    compiled: bool = False,
 ) -> tuple[list, list, Any, Any, Tracker]:
-    """``steps`` steps of torchao's ``name`` and lucid's on the same gradients, the
-    stored codes compared after every step."""
+    """``steps`` steps of torchao's ``name`` and lucid's on the same gradients (lucid's
+    ``compiled``: through `lucid.compile_optimizer`), the stored codes compared after
+    every step."""
     shapes = list(shapes)
     init, grads = _init(shapes), _grads(shapes, steps)
     tdtype = getattr(torch, dtype)
@@ -216,13 +218,14 @@ def run_both(
 
     t_opt = getattr(ao, name)(grouped(tparams), **options)
     l_opt = getattr(lucid.optim.torchao, name)(grouped(lparams), **options)
+    runner = lucid.compile_optimizer(l_opt) if compiled else l_opt
     lrs = [options.get("lr", 1e-3)] + [g.get("lr", 0.0) for g in groups or []]
     tracker = Tracker(_form(name), lr=max(lrs))
     for gs in grads:
         for tp, lp, g in zip(tparams, lparams, gs):
             tp.grad = torch.tensor(g).to(tdtype)
             lp.grad = jnp.asarray(g, dtype)
-        _steps(t_opt, tparams, l_opt, lparams, tracker)
+        _steps(t_opt, tparams, l_opt, lparams, tracker, runner)
     return tparams, lparams, t_opt, l_opt, tracker
 
 
@@ -230,11 +233,14 @@ def _flat(tp: Any) -> np.ndarray:
     return tp.detach().float().numpy().reshape(-1).copy()
 
 
-def _steps(t_opt: Any, tparams: list, l_opt: Any, lparams: list, tracker: Tracker) -> None:
-    """One step of both; the stored codes compared, torchao's moves recorded."""
+def _steps(
+    t_opt: Any, tparams: list, l_opt: Any, lparams: list, tracker: Tracker, runner: Any = None
+) -> None:
+    """One step of both (lucid's by ``runner``, if given, else ``l_opt``); the stored
+    codes compared, torchao's moves recorded."""
     before = [_flat(tp) for tp in tparams]
     t_opt.step()
-    l_opt.step()
+    (l_opt if runner is None else runner).step()
     for index, (tp, lp) in enumerate(zip(tparams, lparams)):
         tracker.moved(index, before[index], _flat(tp))
         tracker.compare(t_opt.state[tp], l_opt.state[lp], index, tp.numel())

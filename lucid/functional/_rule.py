@@ -93,15 +93,18 @@ class Rule:
         is off: bitsandbytes' 8-bit rules run one fused kernel per parameter on a
         GPU, into which a stacked class would only be copied.
       blocks: for a rule that is not elementwise but treats a parameter's flattened
-        value as independent blocks (bitsandbytes' block-wise 8-bit state), so that
-        parameters may still share a flat buffer: ``blocks(size, flags, state) ->
-        (block, flags_override)`` for a parameter of ``size`` elements (and its
-        ``state``, or ``None`` before its first step), ``size`` a multiple of
-        ``block``: parameters of one block and override are laid end to end and
-        updated as one array under the group's flags updated by ``flags_override``,
-        each state field kept per element or per ``block`` elements. Returns
-        ``None`` for a parameter that must be updated alone (a reduction over it:
-        LAMB's trust ratio; a partial last block, which a neighbour would fill).
+        value as independent blocks (bitsandbytes' and torchao's block-wise state),
+        so that parameters may still share a flat buffer: ``blocks(value, flags,
+        state) -> (block, flags_override)`` for a parameter whose array is
+        ``value`` (its size and dtype are read; ``state`` is its state, or ``None``
+        before its first step), its size a multiple of ``block``: parameters of one
+        block and override are laid end to end and updated as one array under the
+        group's flags updated by ``flags_override``, each state field kept with one
+        entry per ``k`` elements (1 for a field shaped as the parameter; a per-block
+        scale, ``block``; two 4-bit codes a byte, 2). Returns ``None`` for a
+        parameter that must be updated alone (a reduction over it: LAMB's trust
+        ratio; a partial last block, which a neighbour would fill; a per-parameter
+        random key).
       check_at_step: checks torch makes at a step rather than at construction
         (Muon's ``ns_steps``), run before every step moves anything.
       guarded: options (torch's names, ``eps[0]`` for an element of a pair) the rule
@@ -133,7 +136,7 @@ class Rule:
     elementwise: bool = True
     batched: bool = False
     batched_unless: tuple[str, ...] = ()
-    blocks: Callable[[int, Mapping[str, Any], Any], tuple[int, dict] | None] | None = None
+    blocks: Callable[[Array, Mapping[str, Any], Any], tuple[int, dict] | None] | None = None
     storage_dtype: bool = False
     check_at_step: Callable[[Options], None] | None = None
     guarded: tuple[str, ...] = ()

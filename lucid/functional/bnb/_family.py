@@ -105,7 +105,8 @@ def _blocks(kernel: Kernel) -> Callable[..., tuple[int, dict] | None]:
     its length (``optim_bits`` 32). AdEMAMix's two stacked moments and a trust
     ratio (LAMB, LARS) keep a parameter alone."""
 
-    def blocks(size: int, flags: Options, state: Any) -> tuple[int, dict] | None:
+    def blocks(value: Any, flags: Options, state: Any) -> tuple[int, dict] | None:
+        size = int(value.size)
         if kernel.double or flags["use_unorm"]:
             return None
         if state is None:

@@ -168,11 +168,19 @@ def _validate_options(o: dict) -> None:
 
 
 def _init(
-    param: Any, hyper: Any, *, form: str, amsgrad: bool, block_size: int, **_: Any
+    param: Any,
+    hyper: Any,
+    *,
+    form: str,
+    amsgrad: bool,
+    block_size: int,
+    quantized: bool | None = None,
+    **_: Any,
 ) -> LowBitAdamState:
     shape = tuple(jnp.shape(param))
     size = int(np.prod(shape))
-    quantized = is_quantized(size, block_size)
+    if quantized is None:  # (a flat buffer of several parameters is told, `_blocks`)
+        quantized = is_quantized(size, block_size)
     if quantized and form == "4bit" and size % 2:
         raise ValueError(
             f"4-bit state packs two codes a byte: a parameter of shape {shape} (odd size) "
@@ -228,8 +236,10 @@ def _update(
     block_size: int,
     bf16_stochastic_round: bool,
     storage_dtype: Any,
+    quantized: bool | None = None,
 ) -> tuple[Any, LowBitAdamState]:
     del amsgrad  # torchao reads it from the state (a max_exp_avg_sq made at its creation)
+    del quantized  # the state says it (a scale or none)
     f32 = jnp.float32
     h = {k: jnp.asarray(v, f32) for k, v in h.items()}
     step = state.step.astype(f32) + 1
@@ -338,6 +348,30 @@ def _in_chunks(step_of: Any, block_size: int, param: Any, grad: Any, *stored: An
     return tuple(out)
 
 
+def _blocks(form: str) -> Any:
+    """`Rule.blocks` of a form: a quantized moment is blocks of ``block_size`` elements,
+    each scaled on its own, so quantized parameters can be laid end to end (and told
+    so: a flat buffer's total size is not what decides, `QUANTIZE_MIN_SIZE`); a
+    full-precision moment is elementwise. A bfloat16 parameter keeps its own random
+    key (stochastic rounding), and a 4-bit parameter of odd size cannot be quantized
+    (`_init` says why): each stays alone."""
+
+    def blocks(value: Any, flags: Any, state: Any) -> tuple[int, dict] | None:
+        size, block = int(value.size), int(flags["block_size"])
+        own_key = jnp.dtype(value.dtype) == jnp.bfloat16
+        if own_key or (state is not None and state.rng is not None):
+            return None
+        # a made state says it, as `_update` reads it (a scale or none)
+        made = state is not None and state.exp_avg_scale is not None
+        if not (made if state is not None else is_quantized(size, block)):
+            return 1, {"quantized": False}
+        if form == "4bit" and size % 2:
+            return None
+        return block, {"quantized": True}
+
+    return blocks
+
+
 def _rule(name: str, form: str, adamw: bool) -> Rule:
     def init(param: Any, hyper: Any, **flags: Any) -> LowBitAdamState:
         return _init(param, hyper, form=form, **flags)
@@ -357,6 +391,7 @@ def _rule(name: str, form: str, adamw: bool) -> Rule:
         supports_complex=False,
         elementwise=False,
         batched=form != "fp8",  # fp8: XLA divides a batched scale by 448 an ulp otherwise
+        blocks=_blocks(form),
         storage_dtype=True,
     )
 

@@ -106,7 +106,7 @@ def _key(rule: Rule, entry: Entry, flags: Mapping[str, Any] | None, sharded: boo
         found = None
         whole = where[0] is not None and where[1] == 1 and not sharded
         if rule.blocks is not None and flags is not None and whole:
-            found = rule.blocks(int(entry.value.size), flags, state)
+            found = rule.blocks(entry.value, flags, state)
         # alone: a rule that reduces over each parameter (its state fields have
         # shapes of their own)
         blocks = (1, ()) if found is None else (found[0], tuple(sorted(found[1].items())))

@@ -114,8 +114,6 @@ class FlatStore:
         self.state_length = -(-total // shards) * shards
         self.columns = tuple(size // rows for size in self.sizes)
         self.offsets = _offsets(self.layout)
-        # a rule over blocks (``align`` > 1) keeps some state fields per block
-        self.block_layout = self.layout.blocks_of()
         self.values: Array = self.like(values) if flat else jnp.asarray(values[0])
         self.grads: Array | None = None
         self.has_grad = np.zeros(len(self._params), bool)
@@ -155,10 +153,17 @@ class FlatStore:
         return _split(buffer, self._layout_of(buffer))
 
     def _layout_of(self, buffer: Array) -> Layout:
-        """The values' layout, or the per-block one for a shorter state buffer."""
-        if self.layout.align > 1 and buffer.shape[0] != sum(self.sizes):
-            return self.block_layout
-        return self.layout
+        """The values' layout, or, for a shorter state buffer of a rule over blocks,
+        the layout of one entry per ``k`` elements."""
+        return self._layout_per(sum(self.sizes), buffer.shape[0])
+
+    def _layout_per(self, elements: int, entries: int) -> Layout:
+        """The layout of a buffer of ``entries`` for ``elements`` of values."""
+        if self.layout.align == 1 or entries == elements:
+            return self.layout
+        if entries == 0 or elements % entries:
+            raise ValueError(f"a state buffer of {entries} entries for {elements} elements")
+        return self.layout.per(elements // entries)
 
     def like(self, arrays: Sequence[Array]) -> Array:
         """Per-parameter arrays laid out as this store's buffers are, in a new buffer
@@ -185,7 +190,8 @@ class FlatStore:
         sharded and padded when the state is sharded; per block where a rule over
         blocks keeps a field so)."""
         if self.flat and self.layout.align > 1 and jnp.size(arrays[0]) != self.sizes[0]:
-            return self._assembled(arrays, self.block_layout)
+            layout = self._layout_per(self.sizes[0], int(jnp.size(arrays[0])))
+            return self._assembled(arrays, layout)
         if self.state_sharding is None:
             return self.like(arrays)
         dtype = arrays[0].dtype

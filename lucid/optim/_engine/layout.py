@@ -24,8 +24,9 @@ class Layout(NamedTuple):
     so each device keeps exactly its own shards. 1 for everything else.
     ``align``: every size is a multiple of it (a rule over blocks of ``align``
     elements, `lucid.functional._rule.Rule.blocks`: each parameter's blocks
-    are whole, and a state field kept per block lies in a buffer of its own
-    layout, `blocks_of`).
+    are whole, and a state field of one entry per ``k`` elements, such as a
+    per-block scale or two 4-bit codes a byte, lies in a buffer of its own
+    layout, `per`).
     """
 
     flat: bool
@@ -34,10 +35,16 @@ class Layout(NamedTuple):
     shapes: tuple[tuple[int, ...], ...]
     align: int = 1
 
-    def blocks_of(self) -> Layout:
-        """The layout of a state field kept per block: each parameter's
-        ``size // align`` blocks, end to end."""
-        counts = tuple(size // self.align for size in self.sizes)
+    def per(self, k: int) -> Layout:
+        """The layout of a state field of one entry per ``k`` elements (a per-block
+        scale: ``k = align``): each parameter's ``size // k`` entries, end to end.
+
+        Raises:
+          ValueError: a parameter's size is not a multiple of ``k``.
+        """
+        if any(size % k for size in self.sizes):
+            raise ValueError(f"a state of one entry per {k} elements of sizes {self.sizes}")
+        counts = tuple(size // k for size in self.sizes)
         return Layout(self.flat, 1, counts, tuple((n,) for n in counts))
 
     @property
