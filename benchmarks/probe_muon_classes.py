@@ -12,7 +12,6 @@ import argparse
 import collections
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -20,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import jax_sync, measure
 from bench_muon_batched import matrices_of, ns_flops
 
 from lucid.functional.muon import orthogonalize
@@ -28,13 +28,8 @@ COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
 def median_ms(f, *args, repeats: int = 20) -> float:
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+    """Median ms of ``f(*args)`` after one warm-up call (`_timing.measure`)."""
+    return measure(lambda: f(*args), jax_sync, warmup=1, repeats=repeats).median_ms
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from _flat_stores import stores_of
 from test_bnb import PARAM_ATOL, assert_states_match
 
 import lucid
@@ -88,15 +89,6 @@ def _lucid_run(name, kwargs, init, grads, compiled=True):
     return opt, params
 
 
-def _stores(params) -> list:
-    """The distinct storages the parameters live in, in order of first use."""
-    found: dict[int, object] = {}
-    for p in params:
-        storage = p.location[0]
-        found.setdefault(id(storage), storage)
-    return list(found.values())
-
-
 @pytest.mark.parametrize(("name", "kwargs"), CASES, ids=[n for n, _ in CASES])
 def test_flat_buffers_give_bitsandbytes_numbers_for_parameters_of_any_size(name, kwargs):
     init, grads = _data()
@@ -129,7 +121,7 @@ def test_infinite_and_nan_gradients_spoil_only_their_own_blocks_as_in_bitsandbyt
     for index in set(WHOLE) - {2, 5, 8}:  # their neighbours in the buffers: untouched
         assert np.isfinite(np.asarray(l_params[index].data)).all()
         assert np.isfinite(np.asarray(l_opt.state[l_params[index]]["absmax1"])).all()
-    assert len(_stores([l_params[i] for i in WHOLE])) == 2  # they shared two buffers
+    assert len(stores_of([l_params[i] for i in WHOLE])) == 2  # they shared two buffers
 
 
 @pytest.mark.parametrize(
@@ -144,7 +136,7 @@ def test_a_group_keeps_one_buffer_per_state_width_and_rules_over_whole_parameter
     optimizer); a trust ratio or AdEMAMix: one per parameter."""
     init, grads = _data()
     _, params = _lucid_run(name, {"lr": 1e-3}, init, grads[:1])
-    assert len(_stores(params)) == expected
+    assert len(stores_of(params)) == expected
 
 
 def test_a_flat_buffer_holds_its_parameters_end_to_end_and_their_absmax_per_block():

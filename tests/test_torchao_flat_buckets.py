@@ -21,6 +21,7 @@ import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _flat_stores import stores_of
 from test_torchao import NAMES, _grads, _init, check_match, run_both, torch
 
 import lucid
@@ -40,15 +41,6 @@ OPTIONS = {"lr": 1e-2, "weight_decay": 0.1}
 # every parameter alone (`FLAT_BUFFERS`: the fused step moved off the eager numbers there)
 STORES = 4 if FLAT_BUFFERS else len(SHAPES)
 FLAT_ONLY = pytest.mark.skipif(not FLAT_BUFFERS, reason="no flat buffers with this jax")
-
-
-def _stores(params) -> list:
-    """The distinct storages the parameters live in, in order of first use."""
-    found: dict[int, object] = {}
-    for p in params:
-        storage = p.location[0]
-        found.setdefault(id(storage), storage)
-    return list(found.values())
 
 
 def _grouped(params: list) -> list:
@@ -74,7 +66,7 @@ def test_flat_buffers_give_torchaos_numbers_for_parameters_of_any_size(name):
     )
     check_match(tparams, lparams, t_opt, l_opt, tracker, OPTIONS, steps=8)
     # they did share buffers: per group, the quantized ones in one, the others in another
-    assert len(_stores(lparams)) == STORES
+    assert len(stores_of(lparams)) == STORES
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -90,7 +82,7 @@ def test_the_flat_step_is_the_per_parameter_step_bit_for_bit(name):
 def test_a_4bit_buffer_holds_two_codes_a_byte_and_a_scale_per_block_for_each_parameter():
     opt, params = _lucid_run("AdamW4bit", SHAPES, 2, compiled=True)
     members = [params[i] for i in QUANTIZED if i < 5]
-    (store,) = _stores(members)
+    (store,) = stores_of(members)
     assert store.layout.align == 128
     assert store.layout.sizes == tuple(p.data.size for p in members)
     np.testing.assert_array_equal(
@@ -113,7 +105,7 @@ def test_bfloat16_parameters_keep_their_own_random_key_and_stay_alone():
         for compiled in (False, True)
     ]
     (_, eager), (_, compiled) = runs
-    assert len(_stores([compiled[i] for i in QUANTIZED])) == len(QUANTIZED)
+    assert len(stores_of([compiled[i] for i in QUANTIZED])) == len(QUANTIZED)
     for e, c in zip(eager, compiled):
         assert c.data.dtype == jnp.bfloat16
         np.testing.assert_array_equal(np.asarray(c.data), np.asarray(e.data))
@@ -152,4 +144,4 @@ def test_a_state_dict_of_flat_buffers_resumes_in_torchao_and_in_lucid():
         np.testing.assert_array_equal(np.asarray(rp.data), np.asarray(lp.data))
         np.testing.assert_allclose(np.asarray(lp.data), tp.detach().numpy(), atol=1e-5)
     chex.assert_trees_all_equal(r_opt.state_dict()["state"], l_opt.state_dict()["state"])
-    assert len(_stores(r_params)) == STORES
+    assert len(stores_of(r_params)) == STORES
