@@ -368,8 +368,8 @@ def _blocks(form: str) -> Any:
         if not FLAT_BUFFERS or own_key or (state is not None and state.rng is not None):
             return None
         # a made state says it, as `_update` reads it (a scale or none)
-        made = state is not None and state.exp_avg_scale is not None
-        if not (made if state is not None else is_quantized(size, block)):
+        quantized = is_quantized(size, block) if state is None else state.exp_avg_scale is not None
+        if not quantized:
             return 1, {"quantized": False}
         if form == "4bit" and size % 2:
             return None
