@@ -252,6 +252,33 @@ def test_trajectories_equal_bitsandbytes(name, kwargs):
     assert "absmax1" not in l_opt.state[l_params[1]]  # under min_8bit_size: 32-bit
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", ["Lion", "Lion8bit"])
+def test_a_nan_gradient_leaves_a_lion_parameter_where_bitsandbytes_leaves_it(name, compiled):
+    """bitsandbytes takes Lion's sign with `torch.sign`, which is 0 for NaN: where a
+    gradient is NaN the parameter moves by its weight decay only and stays finite, and
+    the average turns NaN (8-bit: its block's absmax, so the block's later signs are 0
+    too). `jnp.sign` is NaN there and would write NaN into the parameter."""
+    big, small, grads = _data(5)
+    grads = [tuple(g.copy() for g in step) for step in grads[:5]]
+    grads[1][0][3, :5] = np.nan  # the 8-bit parameter: one block
+    grads[2][1][2, 2] = np.nan  # the 32-bit one (under min_8bit_size)
+    kwargs = {"lr": 1e-3, "weight_decay": 0.1}
+    t_opt, t_params = _torch_run(name, kwargs, big, small, grads, steps=5)
+    l_opt, l_params = _lucid_run(name, kwargs, big, small, grads, steps=5, compiled=compiled)
+    for tp, lp in zip(t_params, l_params):
+        theirs, ours = tp.detach().numpy(), np.asarray(lp.data)
+        assert np.isfinite(theirs).all()
+        np.testing.assert_allclose(ours, theirs, atol=PARAM_ATOL)
+        t_state, l_state = t_opt.state[tp], l_opt.state[lp]
+        for key in ("state1", "absmax1"):
+            if key in t_state:
+                np.testing.assert_array_equal(
+                    np.isnan(np.asarray(l_state[key], float)),
+                    np.isnan(t_state[key].numpy().astype(float)),
+                )
+
+
 @pytest.mark.parametrize("name", ["AdamW8bit", "AdEMAMix8bit", "Lion8bit", "LAMB8bit", "SGD8bit"])
 def test_the_compiled_step_gives_the_eager_numbers(name):
     big, small, grads = _data(3)
@@ -295,8 +322,7 @@ def test_a_state_of_whole_blocks_runs_in_chunks_with_bitsandbytes_numbers(name, 
         tuple(0.1 * rng.standard_normal(s).astype(np.float32) for s in (CHUNKED, SMALL))
         for _ in range(6)
     ]
-    if name != "Lion8bit":  # (lucid's Lion8bit writes NaN where a gradient is NaN; bnb not)
-        grads[3][0][5, :7] = np.nan  # a NaN in a block of the first chunk
+    grads[3][0][5, :7] = np.nan  # a NaN in a block of the first chunk
     t_opt, t_params = _torch_run(name, kwargs, big, small, grads, steps=6)
     for compiled in (False, True):
         l_opt, l_params = _lucid_run(name, kwargs, big, small, grads, steps=6, compiled=compiled)

@@ -99,10 +99,11 @@ def test_flat_buffers_give_bitsandbytes_numbers_for_parameters_of_any_size(name,
         assert_states_match(name, t_opt.state[tp], l_opt.state[lp])
 
 
-@pytest.mark.parametrize("name", ["AdamW8bit", "SGD8bit"])
+@pytest.mark.parametrize("name", ["AdamW8bit", "SGD8bit", "Lion8bit"])
 def test_infinite_and_nan_gradients_spoil_only_their_own_blocks_as_in_bitsandbytes(name):
     """An infinite or NaN gradient in a parameter that shares a buffer spoils the blocks
-    bitsandbytes' spoils, in that parameter only: its neighbours' numbers are theirs."""
+    bitsandbytes' spoils, in that parameter only: its neighbours' numbers are theirs.
+    (Lion's sign is torch's, 0 for NaN: the parameter keeps its value there.)"""
     kwargs = {"lr": 1e-2, "momentum": 0.9} if name == "SGD8bit" else {"lr": 1e-3}
     init, grads = _data(1, non_finite=True)
     t_opt, t_params = _torch_run(name, kwargs, init, grads)

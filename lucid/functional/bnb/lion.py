@@ -10,6 +10,8 @@ m &\\leftarrow \\beta_2 m + (1 - \\beta_2) g
 \\end{aligned}
 $$
 
+`sign` is torch's, 0 for NaN (bitsandbytes' kernels use `torch.sign`): a NaN
+gradient entry leaves its parameter as it is, and spoils only the average `m`.
 In the 8-bit kernel `m` is stored in the signed dynamic map.
 """
 
@@ -17,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax.numpy as jnp
 
+from .. import _math
 from .._rule import is_zero
 from .._signature import Arg, Example, Signature, betas, lr
 from . import _family as F
@@ -27,7 +29,7 @@ from . import _family as F
 def _step32(p, g, s1, s2, h, t, flags):
     p = F.decayed(p, h, flags)
     update = h["one_minus_beta1"] * g + F.rounded(s1, h["beta1"])
-    p = jnp.sign(update) * -h["lr"] + p
+    p = _math.sign(update) * -h["lr"] + p
     s1 = h["one_minus_beta2"] * g + F.rounded(s1, h["beta2"])
     return p, s1, None, None
 
@@ -35,7 +37,7 @@ def _step32(p, g, s1, s2, h, t, flags):
 def _step8(p, g, s1, s2, h, t, flags):
     p = F.decayed(p, h, flags)
     update = F.rounded(s1, h["beta1"]) + F.rounded(g, h["one_minus_beta1"])
-    p = jnp.sign(update) * -h["lr"] + p
+    p = _math.sign(update) * -h["lr"] + p
     s1 = h["one_minus_beta2"] * g + F.rounded(s1, h["beta2"])
     return p, s1, None
 
