@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from .. import _math
 from .._rule import is_zero
 from .._signature import Arg, Example, Signature, betas, lr
