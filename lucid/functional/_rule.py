@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,16 @@ Schedule = Callable[[Array], Array]
 HyperValue = Any  # float | Array | Schedule
 Options = Mapping[str, Any]
 State = Any  # a NamedTuple of arrays (one leaf) or of pytrees (a transform)
+
+
+class Present(NamedTuple):
+    """A sparse gradient laid out dense: its values (zero where it stores no entry) and
+    the mask of the entries it stores (``present``), which `apply_leaf` hands to the
+    rule's ``masked_update``. The compiled step passes one for a flat buffer holding
+    a sparse gradient (a mask of ones over its parameters' dense gradients)."""
+
+    grad: Array
+    present: Array
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # compared and hashed by identity
@@ -75,6 +85,13 @@ class Rule:
         torch densifies); ``None``: a sparse gradient is torch's ``RuntimeError``.
       sparse_options: raises torch's ``RuntimeError`` for options a sparse gradient
         cannot be combined with (``weight_decay`` for SGD and Adagrad).
+      masked_update: ``masked_update(param, grad, present, state, hyper, **flags)``,
+        the sparse update for a sparse gradient given dense, with the mask of its
+        stored entries (a `Present` gradient: the compiled step lays gradients out
+        flat), for the rules whose sparse numbers are not the dense ones: where a
+        sparse gradient stores no entry nothing changes, where it stores a zero
+        the rule runs (Adagrad's ``0/0`` with ``eps=0``, SparseAdam's decay of its
+        moments). ``None``: the dense update gives the sparse numbers (SGD).
       elementwise: the update is elementwise math, so it may run on several
         parameters laid end to end in one flat buffer (the compiled step does
         this). ``False`` for rules that reduce over a parameter or treat it as a
@@ -132,6 +149,7 @@ class Rule:
     hidden: Mapping[str, float] = dataclasses.field(default_factory=dict)
     supports_complex: bool = True
     sparse_options: Callable[[Options], None] | None = None
+    masked_update: Callable[..., tuple[Array, Any]] | None = None
 
     elementwise: bool = True
     batched: bool = False
@@ -326,6 +344,15 @@ def _restore_dtypes(new_state: Any, old_state: Any, param_dtype: Any) -> Any:
     return type(new_state)(*fields)
 
 
+def _masked(rule: Rule, present: Array) -> Callable[..., tuple[Array, Any]]:
+    """``rule.masked_update`` over the entries ``present``, called as ``rule.update``."""
+
+    def update(param: Array, grad: Array, state: Any, hyper: Any, **flags: Any) -> Any:
+        return rule.masked_update(param, grad, present, state, hyper, **flags)  # type: ignore[misc]
+
+    return update
+
+
 def apply_leaf(
     rule: Rule,
     flags: Mapping[str, Any],
@@ -338,13 +365,17 @@ def apply_leaf(
 
     Handles the dtype policy: inputs upcast to the compute dtype, outputs cast
     back to the dtypes they are stored in. A sparse ``grad`` goes, uncast, to
-    ``rule.sparse_update`` when the rule has one.
+    ``rule.sparse_update`` when the rule has one; a `Present` one (a sparse gradient
+    laid out dense) to ``rule.masked_update``.
     """
     if is_complex(param):  # torch: the real rule on view_as_real of everything
         real_state = type(state)(*(_as_real(v) if _is_complex_field(v) else v for v in state))
-        new_param, new_real = apply_leaf(
-            rule, flags, hyper, _as_real(param), _as_real(grad), real_state
+        real_grad = (
+            Present(_as_real(grad.grad), jnp.stack([grad.present] * 2, axis=-1))
+            if isinstance(grad, Present)
+            else _as_real(grad)
         )
+        new_param, new_real = apply_leaf(rule, flags, hyper, _as_real(param), real_grad, real_state)
         fields = (
             _as_complex(new, old.dtype) if _is_complex_field(old) else new
             for new, old in zip(new_real, state)
@@ -357,6 +388,8 @@ def apply_leaf(
     )
     if rule.sparse_update is not None and is_sparse(grad):
         update, grad_c = rule.sparse_update, grad
+    elif isinstance(grad, Present):
+        update, grad_c = _masked(rule, grad.present), grad.grad.astype(cdtype)
     else:
         update, grad_c = rule.update, grad.astype(cdtype)
     if rule.storage_dtype:

@@ -39,6 +39,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .sparse_adam import dense, stored_entries
 
 
 class AdagradState(NamedTuple):
@@ -96,19 +97,21 @@ def _update(param, grad, state, h, *, use_weight_decay, maximize):
     return new_param, AdagradState(step, state_sum)
 
 
-def _update_sparse(param, grad, state, h, **flags):
-    """torch's sparse Adagrad: ``sum`` and the parameter change at the gradient's
-    stored indices only (where the dense rule would give the same numbers, except
-    ``0/0`` at untouched entries when ``eps`` and the accumulator are zero)."""
-    from jax.experimental import sparse
-
-    dense = grad.todense().astype(param.dtype)
-    marks = sparse.BCOO((jnp.ones(grad.data.shape, jnp.int32), grad.indices), shape=grad.shape)
-    present = marks.todense() > 0
-    new_param, new_state = _update(param, dense, state, h, **flags)
+def _update_masked(param, grad, present, state, h, **flags):
+    """torch's sparse Adagrad, the gradient given dense with the mask of its stored
+    entries: ``sum`` and the parameter change where ``present`` only (elsewhere the
+    dense rule adds nothing, but divides ``0/0`` when ``eps`` and the accumulator are
+    zero; a stored zero divides ``0/0`` there in torch too)."""
+    new_param, new_state = _update(param, grad, state, h, **flags)
     return jnp.where(present, new_param, param), new_state._replace(
         sum=jnp.where(present, new_state.sum, state.sum)
     )
+
+
+def _update_sparse(param, grad, state, h, **flags):
+    """torch's sparse Adagrad for a BCOO gradient (`_update_masked` at its entries)."""
+    values = dense(grad).astype(param.dtype)
+    return _update_masked(param, values, stored_entries(grad), state, h, **flags)
 
 
 def _sparse_options(o: dict) -> None:
@@ -124,6 +127,7 @@ ADAGRAD = Rule(
     init=_init,
     update=_update,
     sparse_update=_update_sparse,
+    masked_update=_update_masked,
     sparse_options=_sparse_options,
     guarded=("eps",),
 )

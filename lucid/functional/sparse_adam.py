@@ -241,6 +241,7 @@ SPARSE_ADAM = Rule(
     update=_update,
     complements=("beta1", "beta2"),
     sparse_update=_update_sparse,
+    masked_update=lazy_adam,
     supports_complex=False,
     guarded=("eps",),
 )
@@ -271,6 +272,25 @@ sparse_adam = transform_of(
     freely within one gradient tree.""",
     raises="IndexError: a sparse gradient's index outside its parameter (torch's error).",
 )
+
+
+def stored_entries(grad: Any) -> Array:
+    """The mask of the entries a sparse gradient stores (a BCOO's in-bounds indices; every
+    entry of a dense array), shaped as the gradient: where a sparse rule changes anything.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jax.experimental import sparse
+      >>> g = sparse.BCOO((jnp.array([0.0, 2.0]), jnp.array([[1], [3]])), shape=(4,))
+      >>> stored_entries(g).tolist()
+      [False, True, False, True]
+    """
+    if not hasattr(grad, "indices"):
+        return jnp.ones(jnp.shape(grad), bool)
+    from jax.experimental import sparse  # a sparse gradient: already imported
+
+    marks = sparse.BCOO((jnp.ones(grad.data.shape, jnp.int32), grad.indices), shape=grad.shape)
+    return bcoo_to_dense(marks) > 0
 
 
 def dense(grad: Any) -> Any:

@@ -26,12 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from ..._parameter import Parameter
 from ..._storage import OwnArrays, check_grad
-from ...functional._rule import Rule, check_sparse_grad, is_sparse
+from ...functional._rule import Present, Rule, check_sparse_grad, is_sparse
+from ...functional.sparse_adam import stored_entries
 from . import buckets as layout
 from .buckets import Bucket
 from .flat_store import Borrowed, FlatStore
@@ -122,7 +124,7 @@ class CompiledBackend:
                 hyper32,
                 hyper64,
                 [b.store.values for b in chosen],
-                [b.store.grads for b in chosen],
+                [self._gradient(b) for b in chosen],
                 [states[i] for i in members],
             )
             self._commit(chosen, values, new_states)
@@ -324,6 +326,26 @@ class CompiledBackend:
             sparse = bucket.store.sparse
         for index, grad in sparse.items():
             check_sparse_grad(self.rule, group.options, grad, bucket.store.params[index].shape)
+
+    def _gradient(self, bucket: Bucket) -> Any:
+        """The bucket's gradient buffer; where it holds a sparse gradient and the rule's
+        sparse numbers are not its dense ones, as a `Present` gradient: the buffer and
+        the mask of the stored entries (ones over the dense gradients)."""
+        store = bucket.store
+        if self.rule.masked_update is None:
+            return store.grads
+        if isinstance(store, Borrowed):
+            grad = store.param(0).grad
+            sparse = {0: grad} if is_sparse(grad) else {}
+        else:
+            sparse = store.sparse
+        if not sparse:
+            return store.grads
+        masks = [
+            stored_entries(sparse[i]) if i in sparse else jnp.ones(shape, bool)
+            for i, shape in enumerate(store.layout.shapes)
+        ]
+        return Present(store.grads, store.like(masks))
 
     def _begin(self, buckets: list[Bucket], groups: Sequence[Group]) -> list[Any]:
         """Each bucket's state for this step (`lucid.optim._engine.state.begin`)."""

@@ -59,8 +59,9 @@ def _apply_sharded(rule: Rule, plan: Plan, hyper: dict, value, grad, state):
     def spread(x: jax.Array) -> jax.Array:
         return constrain(jnp.pad(x, (0, padded - length)), over)
 
+    spread_grad = jax.tree_util.tree_map(spread, grad)  # a `Present` gradient: both parts
     new_value, new_state = apply_leaf(
-        rule, dict(plan.flags), hyper, spread(value), spread(grad), state
+        rule, dict(plan.flags), hyper, spread(value), spread_grad, state
     )
     new_state = jax.tree_util.tree_map(lambda s: constrain(s, over) if s.ndim else s, new_state)
     return constrain(new_value, whole)[:length], new_state
