@@ -62,6 +62,26 @@ def test_clip_grad_value_matches_torch(layout):
             np.testing.assert_array_equal(np.asarray(p.grad), tp.grad.numpy())
 
 
+@pytest.mark.parametrize("layout", ["own", "flat"])
+def test_a_nan_total_norm_spoils_only_the_gradients_there_are_as_torchs(layout):
+    """A NaN gradient makes the total norm, and so the clip coefficient, NaN: torch scales
+    every listed gradient to NaN and leaves a parameter without one without one. In a flat
+    buffer the whole gradient buffer is scaled; the slice of the parameter without a
+    gradient must stay zero, so that a later backward gives that parameter torch's
+    gradient, not NaN (found by the random stateful sequences)."""
+    grads = _grads(1.0)
+    grads[0][1, 2] = np.nan
+    params, chosen, tparams, tchosen = _setup(layout, grads)
+    lucid.nn.utils.clip_grad_norm_(chosen, max_norm=1.0)
+    torch.nn.utils.clip_grad_norm_(tchosen, max_norm=1.0)
+    assert params[2].grad is None and tparams[2].grad is None
+    later = np.arange(8.0).reshape(SHAPES[2])  # the next backward's gradient for it
+    lucid.backward(lambda tree: jnp.sum(tree[2] * later), params)  # adds into every .grad
+    torch.sum(tparams[2] * torch.tensor(later)).backward()
+    for p, tp in zip(params, tparams):  # (lucid's backward adds zeros to the NaN others)
+        np.testing.assert_array_equal(np.asarray(p.grad), tp.grad.numpy())
+
+
 def test_total_norm_and_clip_with_norm_are_torchs_two_halves():
     params, _, tparams, _ = _setup("flat", _grads(3.0))
     total = lucid.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])

@@ -63,6 +63,14 @@ def _write(buffer: Array, value: Array, offset: Array) -> Array:
 _split = jax.jit(views_of, static_argnums=(1,))
 
 
+@functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(0,))
+def _zeroed(buffer: Array, spans: tuple[tuple[int, int], ...]) -> Array:
+    """``buffer`` with zeros in the columns ``[start, start + width)`` of each span."""
+    for start, width in spans:
+        buffer = buffer.at[..., start : start + width].set(0)
+    return buffer
+
+
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)  # bounded: a sweep over sizes keeps not all
 def _padded(length: int, dtype: Any, sharding: Any) -> Any:
     """A jitted ``buffer -> buffer padded with zeros to length``, placed by ``sharding``
@@ -237,6 +245,12 @@ class FlatStore:
         return self.grads
 
     def set_grad_buffer(self, buffer: Array) -> None:
+        if self.flat and not self.has_grad.all():
+            # the invariant: a parameter without a gradient has a zero slice, also after
+            # a whole-buffer operation (a clip by a NaN total norm scales zeros to NaN)
+            absent = np.flatnonzero(~self.has_grad)
+            spans = tuple((int(self.offsets[i]), self.columns[i]) for i in absent)
+            buffer = _zeroed(buffer, spans)
         self.grads = buffer
         self._grad_cache.clear()
 
