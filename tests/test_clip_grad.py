@@ -82,6 +82,26 @@ def test_a_nan_total_norm_spoils_only_the_gradients_there_are_as_torchs(layout):
         np.testing.assert_array_equal(np.asarray(p.grad), tp.grad.numpy())
 
 
+@pytest.mark.parametrize("where", [0, 4095], ids=["first", "last"])
+@pytest.mark.parametrize("norm_type", [float("inf"), float("-inf")])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_an_infinity_norm_over_a_nan_is_nan_as_torchs(dtype, norm_type, where):
+    """torch's max and min reductions propagate a NaN, so the infinity norms of a gradient
+    holding one are NaN and the clip scales every gradient to NaN. XLA:CPU reduces 4096
+    elements or more in a way that drops the NaN (1.0 or inf here, before lucid's
+    `_math.amax`/`amin`)."""
+    g = np.ones(4096, dtype)
+    g[where] = np.nan
+    p = lucid.Parameter(jnp.zeros(4096, dtype))
+    p.grad = jnp.asarray(g)
+    tp = torch.zeros(4096, dtype=getattr(torch, dtype), requires_grad=True)
+    tp.grad = torch.tensor(g)
+    total = lucid.nn.utils.clip_grad_norm_([p], max_norm=1.0, norm_type=norm_type)
+    expected = torch.nn.utils.clip_grad_norm_([tp], max_norm=1.0, norm_type=norm_type)
+    assert np.isnan(float(expected)) and np.isnan(float(total))
+    np.testing.assert_array_equal(np.asarray(p.grad), tp.grad.numpy())
+
+
 def test_total_norm_and_clip_with_norm_are_torchs_two_halves():
     params, _, tparams, _ = _setup("flat", _grads(3.0))
     total = lucid.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])

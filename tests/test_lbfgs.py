@@ -170,3 +170,34 @@ def test_lbfgs_refuses_groups_bad_line_search_and_a_missing_closure():
         opt.step()
     with pytest.raises(ValueError, match="parameter groups"):
         opt.add_param_group({"params": [q]})
+
+
+@pytest.mark.parametrize("line_search_fn", [None, "strong_wolfe"])
+def test_a_nan_gradient_of_4096_entries_is_not_convergence_as_in_torch(line_search_fn):
+    """torch's convergence test ``max|g| <= tolerance_grad`` is false for a gradient holding
+    a NaN, so it steps (into NaN). XLA:CPU's max over 4096 entries or more dropped the NaN
+    (``-inf`` for ones and a last NaN), which read as convergence: no step at all."""
+    weights = np.ones(4096)
+    weights[-1] = np.nan
+
+    t = torch.zeros(4096, dtype=torch.float64, requires_grad=True)
+    t_opt = torch.optim.LBFGS([t], line_search_fn=line_search_fn, max_iter=3)
+
+    def t_closure():
+        t_opt.zero_grad()
+        loss = torch.sum((t - 1.0) ** 2 * torch.tensor(weights))
+        loss.backward()
+        return loss
+
+    p = lucid.Parameter(jnp.zeros(4096, jnp.float64))
+    opt = lucid.optim.LBFGS([p], line_search_fn=line_search_fn, max_iter=3)
+
+    def closure():
+        opt.zero_grad()
+        return lucid.backward(lambda x: jnp.sum((x - 1.0) ** 2 * jnp.asarray(weights)), p)
+
+    t_opt.step(t_closure)
+    opt.step(closure)
+    expected = t.detach().numpy()
+    assert np.isnan(expected).any()  # torch stepped
+    np.testing.assert_array_equal(np.asarray(p.data), expected)

@@ -25,9 +25,33 @@ def lerp(start: Array, end: Array, weight: Array) -> Array:
 
 
 def sign(x: Array) -> Array:
-    """``torch.sign``: ``1``, ``-1`` or ``0``, and ``0`` for NaN (``jnp.sign`` gives NaN)."""
-    one = jnp.ones_like(x)
-    return jnp.where(x > 0, one, jnp.where(x < 0, -one, jnp.zeros_like(x)))
+    """``torch.sign``: ``(x > 0) - (x < 0)``, so ``1``, ``-1`` or ``0``, and ``0`` for NaN
+    (``jnp.sign`` gives NaN). No array constant: a Pallas kernel traces it too."""
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def amax(x: Array, axis: int | None = None) -> Array:
+    """``torch.amax``: the largest element along ``axis``, NaN where any is NaN.
+
+    ``jnp.max`` alone does not promise that on every backend: XLA:CPU (jax 0.10.2)
+    reduces 4096 or more elements in a way that drops a NaN, or gives ``-inf``
+    for ones and a last NaN, where torch (and XLA on a GPU) give NaN.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> x = jnp.ones(4096).at[-1].set(jnp.nan)
+      >>> float(amax(x))
+      nan
+    """
+    largest = jnp.max(x, axis=axis)
+    return jnp.where(jnp.any(jnp.isnan(x), axis=axis), jnp.asarray(jnp.nan, x.dtype), largest)
+
+
+def amin(x: Array, axis: int | None = None) -> Array:
+    """``torch.amin``: the smallest element along ``axis``, NaN where any is NaN (as
+    `amax`: ``jnp.min`` may drop a NaN on XLA:CPU)."""
+    smallest = jnp.min(x, axis=axis)
+    return jnp.where(jnp.any(jnp.isnan(x), axis=axis), jnp.asarray(jnp.nan, x.dtype), smallest)
 
 
 def host_max(floor: Array, x: Array) -> Array:

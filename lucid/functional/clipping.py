@@ -28,6 +28,7 @@ import numpy as np
 import optax
 
 from .._arrays import is_sparse
+from ._math import amax, amin
 
 Array = jax.Array
 
@@ -72,9 +73,9 @@ def vector_norm(x: Array, norm_type: float) -> Array:
     x = jnp.ravel(x)
     x = x.astype(opmath(x.dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else x
     if norm_type == float("inf"):
-        norm = jnp.max(jnp.abs(x)) if x.size else jnp.zeros((), out)
+        norm = amax(jnp.abs(x)) if x.size else jnp.zeros((), out)
     elif norm_type == float("-inf"):
-        norm = jnp.min(jnp.abs(x))
+        norm = amin(jnp.abs(x))
     elif norm_type == 0:
         norm = jnp.sum(x != 0).astype(opmath(out))
     elif norm_type in (1, 2):

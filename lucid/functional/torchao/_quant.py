@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._math import amax
+
 Array = jax.Array
 
 FP8 = jnp.float8_e4m3fn
@@ -119,8 +121,9 @@ def qmap(bits: int, signed: bool) -> np.ndarray:
 
 
 def _scale(blocks: Array) -> Array:
-    """Each block's ``max(max |x|, 1e-12)``."""
-    return jnp.maximum(jnp.max(jnp.abs(blocks), axis=-1), jnp.float32(SCALE_FLOOR))
+    """Each block's ``max(max |x|, 1e-12)``, NaN for a block holding a NaN (torchao's
+    ``amax``: the whole block's values then read NaN)."""
+    return jnp.maximum(amax(jnp.abs(blocks), axis=-1), jnp.float32(SCALE_FLOOR))
 
 
 def _ordered(bits: Any) -> Any:
