@@ -317,14 +317,19 @@ class CompiledBackend:
         self._lay_out(self._params, states, self._flags)
 
     # ------------------------------------------------------------ running
+    @staticmethod
+    def _sparse_grads(bucket: Bucket) -> dict[int, Any]:
+        """The bucket's gradients that were given sparse, by index in its store."""
+        if isinstance(bucket.store, Borrowed):
+            grad = bucket.store.param(0).grad
+            return {0: grad} if is_sparse(grad) else {}
+        return bucket.store.sparse
+
     def _check_grads(self, bucket: Bucket, group: Group) -> None:
         if isinstance(bucket.store, Borrowed):
             p = bucket.store.param(0)
             check_grad(p.grad, p.shape, p.dtype)
-            sparse = {0: p.grad} if is_sparse(p.grad) else {}
-        else:
-            sparse = bucket.store.sparse
-        for index, grad in sparse.items():
+        for index, grad in self._sparse_grads(bucket).items():
             check_sparse_grad(self.rule, group.options, grad, bucket.store.params[index].shape)
 
     def _gradient(self, bucket: Bucket) -> Any:
@@ -334,11 +339,7 @@ class CompiledBackend:
         store = bucket.store
         if self.rule.masked_update is None:
             return store.grads
-        if isinstance(store, Borrowed):
-            grad = store.param(0).grad
-            sparse = {0: grad} if is_sparse(grad) else {}
-        else:
-            sparse = store.sparse
+        sparse = self._sparse_grads(bucket)
         if not sparse:
             return store.grads
         masks = [
