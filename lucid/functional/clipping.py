@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 from .._arrays import is_sparse
-from ._math import amax, amin
+from ._math import max_abs, min_abs
 
 Array = jax.Array
 
@@ -73,9 +73,9 @@ def vector_norm(x: Array, norm_type: float) -> Array:
     x = jnp.ravel(x)
     x = x.astype(opmath(x.dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else x
     if norm_type == float("inf"):
-        norm = amax(jnp.abs(x)) if x.size else jnp.zeros((), out)
+        norm = max_abs(x) if x.size else jnp.zeros((), out)
     elif norm_type == float("-inf"):
-        norm = amin(jnp.abs(x))
+        norm = min_abs(x)
     elif norm_type == 0:
         norm = jnp.sum(x != 0).astype(opmath(out))
     elif norm_type in (1, 2):

@@ -22,7 +22,7 @@ import numpy as np
 
 from .._arrays import to_array
 from .._parameter import Parameter
-from ..functional._math import amax
+from ..functional._math import max_abs
 from ..functional._rule import host_float
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
 from ..functional.lbfgs import LBFGS_SIGNATURE
@@ -105,7 +105,7 @@ def _strong_wolfe(
     max_ls: int = 25,
 ) -> tuple[float, Array, Any, int]:
     """Strong-Wolfe line search along ``d`` (bracketing, then zoom), torch's version."""
-    d_norm = amax(jnp.abs(d))
+    d_norm = max_abs(d)
     f_new, g_new = obj_func(x, t, d)
     ls_func_evals = 1
     gtd_new = jnp.dot(g_new, d)
@@ -295,7 +295,7 @@ class LBFGS(Optimizer):
         current_evals = 1
         state["func_evals"] += 1
         flat_grad = self._gather_flat_grad()
-        if amax(jnp.abs(flat_grad)) <= tolerance_grad:
+        if max_abs(flat_grad) <= tolerance_grad:
             return orig_loss
 
         d, t = state.get("d"), state.get("t")
@@ -358,21 +358,21 @@ class LBFGS(Optimizer):
                     obj_func, x_init, t, d, loss, flat_grad, gtd, max_ls=max_eval - current_evals
                 )
                 self._add_grad(t, d)
-                opt_cond = amax(jnp.abs(flat_grad)) <= tolerance_grad
+                opt_cond = max_abs(flat_grad) <= tolerance_grad
             else:
                 self._add_grad(t, d)
                 opt_cond = False
                 if n_iter != max_iter:
                     loss = _loss_value(closure())
                     flat_grad = self._gather_flat_grad()
-                    opt_cond = amax(jnp.abs(flat_grad)) <= tolerance_grad
+                    opt_cond = max_abs(flat_grad) <= tolerance_grad
                     ls_func_evals = 1
             current_evals += ls_func_evals
             state["func_evals"] += ls_func_evals
 
             if n_iter == max_iter or current_evals >= max_eval or opt_cond:
                 break
-            if amax(jnp.abs(d * t)) <= tolerance_change:
+            if max_abs(d * t) <= tolerance_change:
                 break
             if abs(loss - prev_loss) < tolerance_change:
                 break

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._math import amax
+from .._math import max_abs
 
 Array = jax.Array
 
@@ -123,7 +123,7 @@ def qmap(bits: int, signed: bool) -> np.ndarray:
 def _scale(blocks: Array) -> Array:
     """Each block's ``max(max |x|, 1e-12)``, NaN for a block holding a NaN (torchao's
     ``amax``: the whole block's values then read NaN)."""
-    return jnp.maximum(amax(jnp.abs(blocks), axis=-1), jnp.float32(SCALE_FLOOR))
+    return jnp.maximum(max_abs(blocks, axis=-1), jnp.float32(SCALE_FLOOR))
 
 
 def _ordered(bits: Any) -> Any:
