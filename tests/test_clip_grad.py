@@ -89,7 +89,7 @@ def test_an_infinity_norm_over_a_nan_is_nan_as_torchs(dtype, norm_type, where):
     """torch's max and min reductions propagate a NaN, so the infinity norms of a gradient
     holding one are NaN and the clip scales every gradient to NaN. XLA:CPU reduces 4096
     elements or more in a way that drops the NaN (1.0 or inf here, before lucid's
-    `_math.amax`/`amin`)."""
+    `_math.max_abs`/`min_abs`)."""
     g = np.ones(4096, dtype)
     g[where] = np.nan
     p = lucid.Parameter(jnp.zeros(4096, dtype))
