@@ -275,8 +275,8 @@ sparse_adam = transform_of(
 
 
 def stored_entries(grad: Any) -> Array:
-    """The mask of the entries a sparse gradient stores (a BCOO's in-bounds indices; every
-    entry of a dense array), shaped as the gradient: where a sparse rule changes anything.
+    """The mask of the entries a BCOO gradient stores (its in-bounds indices), shaped as
+    the gradient: where a sparse rule changes anything.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -285,8 +285,6 @@ def stored_entries(grad: Any) -> Array:
       >>> stored_entries(g).tolist()
       [False, True, False, True]
     """
-    if not hasattr(grad, "indices"):
-        return jnp.ones(jnp.shape(grad), bool)
     from jax.experimental import sparse  # a sparse gradient: already imported
 
     marks = sparse.BCOO((jnp.ones(grad.data.shape, jnp.int32), grad.indices), shape=grad.shape)
