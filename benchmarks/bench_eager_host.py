@@ -9,8 +9,11 @@ implementation runs in this one process on the CPU, torch on one thread
 groups, for Adam, AdamW and SGD with momentum 0.9:
 
 * ``lucid eager``: ``opt.step()`` of a lucid optimizer, waiting for its results
-  at the end of each step (every parameter's new value: a group may run in
-  several executables);
+  at the end of each step (every storage its parameters' new values live in:
+  small parameters' values stay in the pieces the step returned until read);
+* ``lucid eager, read``: the same, then every parameter's ``.data`` read, as a
+  loop that reads each value between steps does (the first read after a step
+  cuts the pieces, one call per group and call of the step);
 * ``lucid compiled``: the same after ``lucid.compile_optimizer(opt)``, waiting
   for the flat buffer;
 * ``torch foreach`` and ``torch for-loop``: ``torch.optim``'s ``foreach=True``
@@ -44,7 +47,7 @@ OPTIMIZERS = {
     "AdamW": {"lr": 1e-3, "weight_decay": 1e-2},
     "SGD": {"lr": 1e-2, "momentum": 0.9},
 }
-MODES = ("lucid eager", "lucid compiled", "torch foreach", "torch for-loop")
+MODES = ("lucid eager", "lucid eager, read", "lucid compiled", "torch foreach", "torch for-loop")
 SIZE = 16  # floats per tensor
 
 
@@ -61,8 +64,9 @@ def _split(items: list, groups: int) -> list[list]:
     return [items[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def lucid_step(name: str, n: int, groups: int, compiled: bool) -> Callable[[], None]:
+def lucid_step(name: str, n: int, groups: int, mode: str) -> Callable[[], None]:
     """One synchronised lucid step (its results waited for)."""
+    compiled = mode == "lucid compiled"
     values, grads = _values(n)
     params = [lucid.Parameter(v) for v in values]
     split = _split(params, groups)
@@ -78,6 +82,9 @@ def lucid_step(name: str, n: int, groups: int, compiled: bool) -> Callable[[], N
         if compiled:
             storage, _ = lasts[-1].location
             jax.block_until_ready(storage.values)  # the flat buffer: no slice
+        elif mode == "lucid eager":  # every storage's buffer (a parameter's own value)
+            storages = {id(s): s for s, _ in (p.location for p in params)}
+            jax.block_until_ready([s.buffer for s in storages.values()])
         else:
             jax.block_until_ready([p.data for p in params])
 
@@ -101,7 +108,7 @@ def torch_step(name: str, n: int, groups: int, foreach: bool) -> Callable[[], No
 
 def make_step(mode: str, name: str, n: int, groups: int) -> Callable[[], None]:
     if mode.startswith("lucid"):
-        return lucid_step(name, n, groups, mode == "lucid compiled")
+        return lucid_step(name, n, groups, mode)
     return torch_step(name, n, groups, mode == "torch foreach")
 
 

@@ -219,9 +219,11 @@ def value_and_grads(
     goes back to where its buffer lives (correct everywhere, fast on one domain).
     """
     buffers, arrays = traced.buffers, traced.arrays
-    domains = _domains([*buffers, *arrays])
+    # a storage's buffer may be a pytree of arrays (the eager step's pieces)
+    leaves = jax.tree_util.tree_leaves(buffers)
+    domains = _domains([*leaves, *arrays])
     if len(domains) > 1:
-        device = next(iter(buffers[0].sharding.device_set))
+        device = next(iter(leaves[0].sharding.device_set))
         buffers = [jax.device_put(b, device) for b in buffers]
         arrays = [jax.device_put(a, device) if isinstance(a, jax.Array) else a for a in arrays]
     try:
@@ -231,7 +233,10 @@ def value_and_grads(
     else:
         loss, grads = run(buffers, arrays)
     if len(domains) > 1:
-        grads = [jax.device_put(g, b.sharding) for g, b in zip(grads, traced.buffers)]
+        grads = [
+            jax.tree_util.tree_map(lambda g, b: jax.device_put(g, b.sharding), g, b)
+            for g, b in zip(grads, traced.buffers)
+        ]
     return loss, grads
 
 

@@ -261,3 +261,9 @@ def set_values(params: list[Parameter], values: list[jax.Array]) -> None:
     their shapes and dtypes (no conversion, no check)."""
     for p, value in zip(params, values):
         p._storage.set_value(p._index, value)
+
+
+def located_in(params: list[Parameter], storage: Storage) -> bool:
+    """Whether every one of ``params`` still lives in ``storage`` (a check the eager
+    step makes at every step, without the `location` property's call per parameter)."""
+    return all(p._storage is storage for p in params)

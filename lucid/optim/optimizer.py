@@ -195,14 +195,18 @@ class Optimizer:
 
         Args:
           make: `make(states) -> backend`, called with the current backend's
-            states (`{Parameter: state}`), which the new backend adopts.
+            states (`{Parameter: state}`), which the new backend adopts. The
+            current backend has released the parameters first: each holds its
+            value and gradient in arrays of its own.
 
         Raises:
           TypeError: this optimizer writes its own step (it has no backend).
         """
         if self._backend is None:
             raise TypeError(f"{type(self).__name__} writes its own step: it has no backend")
-        self._backend = make(self._backend.states())
+        states = self._backend.states()
+        self._backend.release()  # every value back in its parameter's own arrays
+        self._backend = make(states)
 
     def engine_groups(self, hypers: list[Hyper] | None = None) -> list[Group]:
         """The groups as the engine reads them for one step: each group's parameters,

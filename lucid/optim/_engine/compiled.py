@@ -103,6 +103,13 @@ class CompiledBackend:
     def load(self, states: Mapping[Parameter, Any]) -> None:
         self._lay_out(self._params, dict(states), self._flags)
 
+    def release(self) -> None:
+        states = self.states()
+        layout.release(self._buckets)
+        # laid out for no parameters: the next step lays the groups out again
+        self._buckets, self._where, self._params = [], {}, ()
+        self._orphans = states
+
     def step(self, groups: Sequence[Group]) -> None:
         """One update of every bucket whose parameters all have gradients."""
         # [Step 1] the layout follows the groups and the gradients

@@ -1,25 +1,29 @@
 """The eager backend: jitted calls of the rule per parameter group and device.
 
-Each parameter keeps its own value array, and its state is its rule's
-NamedTuple, begun by `lucid.optim._engine.state.begin`, the same function the
-compiled backend begins states with, so compiling changes speed, never numbers.
+A parameter's state is its rule's NamedTuple, begun by
+`lucid.optim._engine.state.begin`, the same function the compiled backend begins
+states with, so compiling changes speed, never numbers.
 
 A step costs what its host code costs when the arrays are small, and on the
 host every array a call takes, and more every array it returns, costs time of
 its own. So, on the CPU (with jax 0.10 or later: `FLAT`), an elementwise rule's
 small parameters (at most `SMALL` elements) whose states share a structure run
 *laid end to end* (`flat_program`): a call takes their values and gradients,
-lays them end to end inside the program, applies the rule to the flat buffers
-and cuts the values back; their states stay flat between steps (a 0-d field such
-as ``step`` once, which every member shares: members are grouped by its value).
+lays them end to end inside the program and applies the rule to the flat
+buffers; their values and states stay flat between steps (a 0-d field such as
+``step`` once, which every member shares: members are grouped by its value), the
+values in a `lucid.optim._engine.pieces.PieceStore` the members live in, which
+cuts them per parameter only when read. A member that lives in another live
+optimizer's storage keeps it: its call takes its value and gives it back cut.
 Elementwise math gives every element its own parameter's numbers, bit for bit
 as XLA compiles it in jax 0.10 (the tests check every elementwise family against
 the per-parameter program; older XLA differs in the last bit, hence `FLAT`).
 Such calls hold at most `CHUNK` parameters (XLA compiles each cut as a kernel of
 its own; calls of the same shapes share one executable); the last call of a step
-donates its flat state buffers to the new ones (the backend's own: `states()`
-copies; only the last, since a call refused for its arguments runs nothing and
-the checking path then needs the inputs of the calls before it).
+donates its flat state buffers and value pieces to the new ones (the backend's
+own: `states()` and a store's reads copy; only the last, since a call refused for
+its arguments runs nothing and the checking path then needs the inputs of the
+calls before it).
 
 Two rules of XLA:CPU decide what such a call costs on the host, and the layout
 follows them. It runs a program's kernels one after another only when the
@@ -55,15 +59,15 @@ import functools
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..._arrays import device_domain
-from ..._parameter import Parameter, grads_of, set_values, values_of
-from ..._storage import check_grad
+from ..._parameter import Parameter, grads_of, located_in, set_values, values_of
+from ..._storage import OwnArrays, check_grad
 from ...functional._rule import (
     Rule,
     apply_leaf,
@@ -72,8 +76,10 @@ from ...functional._rule import (
     compute_dtype,
     is_sparse,
 )
+from .flat_store import FlatStore
 from .interface import Group
-from .layout import Layout, join_views, views_of
+from .layout import join_views, views_of
+from .pieces import FlatLayout, PieceStore, joiner
 from .programs import PROGRAMS_KEPT, jit_placed
 from .state import begin, packed_hyper
 
@@ -112,68 +118,9 @@ def group_program(
     return jit_placed(rule, run, 1)
 
 
-class FlatLayout(NamedTuple):
-    """How one call of an elementwise rule lays its parameters end to end: their
-    shapes, in order, which state fields hold one 0-d value for all of them (the
-    rule's ``scalar_state``; every other field is laid out as the values), and where
-    the pieces start: a flat field is one buffer per piece (``starts``: each piece's
-    first member), so that no buffer of a call of small parameters exceeds `SEGMENT`
-    bytes. Hashable (a program's key); ``join_field`` and ``split_field`` (and the
-    states' ``join_states`` and ``split_states``) are traceable and inverse to each
-    other."""
-
-    shapes: tuple[tuple[int, ...], ...]
-    scalar: tuple[bool, ...]  # per state field
-    starts: tuple[int, ...] = (0,)  # per piece, its first member
-
-    @property
-    def pieces(self) -> list[tuple[int, int, Layout]]:
-        """Per piece: its first member, the member after its last, and its buffer's
-        layout (the compiled backend's 1-D flat `Layout`)."""
-        ends = (*self.starts[1:], len(self.shapes))
-        return [
-            (a, b, Layout(True, 1, tuple(math.prod(s) for s in self.shapes[a:b]), self.shapes[a:b]))
-            for a, b in zip(self.starts, ends)
-        ]
-
-    def join_field(self, arrays: Sequence[Any]) -> tuple[Any, ...]:
-        """Per-parameter arrays (of ``shapes``) as one flat buffer per piece."""
-        return tuple(join_views(arrays[a:b], layout) for a, b, layout in self.pieces)
-
-    def split_field(self, buffers: Sequence[Any]) -> list[Any]:
-        """The pieces' flat buffers as per-parameter arrays (the inverse of
-        ``join_field``)."""
-        out: list[Any] = []
-        for buffer, (_, _, layout) in zip(buffers, self.pieces):
-            out.extend(views_of(buffer, layout))
-        return out
-
-    def join_states(self, states: Sequence[Any]) -> Any:
-        """The members' states as one state of the flat buffers (a 0-d field: the
-        first member's, which every member has)."""
-        fields = []
-        for k, scalar in enumerate(self.scalar):
-            first = states[0][k]
-            if first is None or scalar:
-                fields.append(first)
-            else:
-                fields.append(self.join_field([s[k] for s in states]))
-        return type(states[0])(*fields)
-
-    def split_states(self, state: Any) -> list[Any]:
-        """The flat buffers' state as the members' states (the inverse of
-        ``join_states``)."""
-        cut = [
-            None if value is None or scalar else self.split_field(value)
-            for value, scalar in zip(state, self.scalar)
-        ]
-        return [
-            type(state)(*(v if c is None else c[i] for v, c in zip(state, cut)))
-            for i in range(len(self.shapes))
-        ]
-
-
-Segment = tuple[tuple[tuple[str, Any], ...], tuple[str, ...], FlatLayout]
+# a flat call's part for one group: its static flags, hyper-parameter names, layout,
+# and whether its values arrive (and leave) as the pieces of a `PieceStore`
+Segment = tuple[tuple[tuple[str, Any], ...], tuple[str, ...], FlatLayout, bool]
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -183,15 +130,17 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...], donate: bool = False
     per piece of a segment, its members' values and gradients laid end to end, the
     rule applied once to the flat buffers with the members' state as one flat state
     (elementwise math: every element's numbers are those of its own parameter's
-    update), the values cut back. The state stays flat between steps: one output per
-    state field and piece, not one per parameter and field (each output is an array
-    the host must wrap), a 0-d field once per segment (every piece computes the same
-    value from the same input); several groups' segments share a call (each call has
-    a cost of its own)."""
+    update). The state stays flat between steps: one output per state field and
+    piece, not one per parameter and field (each output is an array the host must
+    wrap), a 0-d field once per segment (every piece computes the same value from the
+    same input). A segment whose values a `PieceStore` holds (``held``) takes and
+    returns them as pieces too; another takes its members' values and returns them
+    cut back. Several groups' segments share a call (each call has a cost of its
+    own)."""
 
     def run(vectors, params, grads, states):
         new_values, new_states = [], []
-        for (flags, names, layout), vector, p, g, state in zip(
+        for (flags, names, layout, held), vector, p, g, state in zip(
             segments, vectors, params, grads, states
         ):
             hyper = {name: vector[i] for i, name in enumerate(names)}
@@ -201,15 +150,18 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...], donate: bool = False
                 fields = (
                     f if f is None or scalar else f[k] for f, scalar in zip(state, layout.scalar)
                 )
+                if not held:
+                    flat = join_views(p[a:b], piece)
+                else:  # a piece of one member in the member's shape (`join_values`)
+                    flat = join_views([p[k]], piece) if b - a == 1 else p[k]
                 value, new = apply_leaf(
-                    rule,
-                    options,
-                    hyper,
-                    join_views(p[a:b], piece),
-                    join_views(g[a:b], piece),
-                    type(state)(*fields),
+                    rule, options, hyper, flat, join_views(g[a:b], piece), type(state)(*fields)
                 )
-                values.extend(views_of(value, piece))
+                cut = views_of(value, piece)
+                if not held:
+                    values.extend(cut)
+                else:
+                    values.append(cut[0] if b - a == 1 else value)
                 pieces.append(new)
             first = pieces[0]
             new_states.append(
@@ -220,12 +172,16 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...], donate: bool = False
                     )
                 )
             )
-            new_values.append(values)
+            new_values.append(tuple(values) if held else values)
         return new_values, new_states
 
+    if not donate:
+        return jax.jit(run)
     # with ``donate``, the flat state buffers (the backend's own, made by `_state_joiner`
-    # or a step) give their memory to the new ones
-    return jax.jit(run, donate_argnums=3) if donate else jax.jit(run)
+    # or a step) give their memory to the new ones, and so do the values where every
+    # segment's are a store's pieces (the store's own: `joiner` copies, a read cuts)
+    held = all(segment[3] for segment in segments)
+    return jax.jit(run, donate_argnums=(1, 3) if held else 3)
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -344,6 +300,15 @@ def _update_flops(
     )
 
 
+def _free(param: Parameter) -> bool:
+    """Whether a step may move ``param``'s value into a store of its own: it lives in
+    arrays of its own or in a store no live optimizer steps (a compiled one's too)."""
+    storage = param.location[0]
+    return isinstance(storage, OwnArrays) or (
+        isinstance(storage, PieceStore | FlatStore) and not storage.owned
+    )
+
+
 def _starts(params: Sequence[Parameter]) -> tuple[int, ...]:
     """Where the pieces of a flat call's buffers start: each piece holds consecutive
     members, at most `SEGMENT` bytes of them (a larger member: a piece of its own)."""
@@ -361,10 +326,12 @@ class _Batch:
     """One call of a group's program: the group's parameters (with gradients) on one
     device domain whose states share a structure, the executable compiled for their
     last step (``None`` until that step ran) and, where the states live in flat
-    buffers (``layout``), those buffers."""
+    buffers (``layout``), those buffers and, where the values live in a `PieceStore`
+    of this backend (``held``), that store."""
 
     __slots__ = (
         "dtype",
+        "held",
         "layout",
         "members",
         "params",
@@ -374,6 +341,7 @@ class _Batch:
         "slot",
         "span",
         "state",
+        "store",
         "values",
         "vector",
     )
@@ -401,6 +369,8 @@ class _Batch:
         self.segment: Segment | None = None  # with a layout: its part of a flat call
         self.slot = 0  # with a layout: its position among the step's flat batches
         self.place: Any = None  # with a layout: where its members live
+        self.held = False  # with a layout: its values are (to be) a PieceStore's pieces
+        self.store: PieceStore | None = None  # that store, once the first step made it
         self.values: Any = None  # the hyper-parameter values of ``vector``
         self.vector: Any = None  # with a layout: those values, on the members' device
 
@@ -460,6 +430,7 @@ class EagerBackend:
         # one plan per group position, as the last step ran it; None: plan again
         self._plans: list[_Plan] | None = None
         self._calls: list[_Call] = []  # the flat calls of the plans
+        self._stores: list[PieceStore] = []  # where the flat calls' values live
         self.calls = 0  # executables called by steps (for tests of the structure)
 
     def _all_states(self) -> dict[Parameter, Any]:
@@ -487,11 +458,24 @@ class EagerBackend:
         self._plans = None  # new states may have another structure: plan again
 
     def _unpack(self) -> None:
-        """Every state per parameter again (the checking path plans from them)."""
+        """Every state per parameter again, and every value in its parameter's own
+        array (the checking path plans from them)."""
         if self._packed:
             self._states = self._all_states()
             self._packed = []
             self._snapshot = None
+        self._release_values()
+
+    def _release_values(self) -> None:
+        for store in self._stores:
+            store.release()
+        self._stores = []
+
+    def release(self) -> None:
+        """Every value this backend holds back in its parameter's own array (before
+        another backend takes the steps); the next step plans anew."""
+        self._release_values()
+        self._plans = None
 
     def step(self, groups: Sequence[Group]) -> None:
         work = self._replan(groups)
@@ -526,12 +510,28 @@ class EagerBackend:
             unit = item[1]
             if type(unit) is _Call:
                 for batch, values, state in zip(unit.batches, new_values, new_states):
-                    set_values(batch.params, values)
+                    if batch.store is not None:
+                        batch.store.commit(values)
+                    elif batch.held:
+                        self._hold(batch, values)
+                    else:
+                        set_values(batch.params, values)
                     batch.state = state
             else:
                 set_values(unit.params, new_values)
                 store.update(zip(unit.params, new_states))
         self._snapshot = None
+
+    def _hold(self, batch: _Batch, pieces: tuple[jax.Array, ...]) -> None:
+        """After the checking path's step: the batch's new values as a `PieceStore`'s
+        pieces, its members moved there with their gradients."""
+        assert batch.layout is not None
+        params = batch.params
+        store = PieceStore(params, batch.layout, pieces, grads_of(params), self)
+        for index, p in enumerate(params):
+            p.relocate(store, index)
+        batch.store = store
+        self._stores.append(store)
 
     def _replan(self, groups: Sequence[Group]) -> list[tuple] | None:
         """The calls of a step whose structure is the last step's (``None`` if it is not
@@ -561,7 +561,14 @@ class EagerBackend:
                     batch_grads = grads[span[0] : span[1]]
                 if batch.layout is not None:
                     vector = batch.vector if values is batch.values else batch.vector_of(values)
-                    flat[batch.slot] = (vector, values_of(batch.params), batch_grads, batch.state)
+                    store = batch.store
+                    if store is None:
+                        members = values_of(batch.params)
+                    elif located_in(batch.params, store):
+                        members = store.pieces
+                    else:  # a member moved out (a value of another shape, say)
+                        return None
+                    flat[batch.slot] = (vector, members, batch_grads, batch.state)
                     continue
                 vector = np.asarray(values, batch.dtype)
                 states = [store[p] for p in batch.params]
@@ -685,12 +692,17 @@ class EagerBackend:
                     tuple(range(len(batch.params))) if inline else _starts(batch.params),
                 )
                 batch.layout = layout
-                batch.segment = (key, names, layout)
+                # the values go to a store of this backend's, unless a member lives in
+                # another live optimizer's storage (then it is read and written there)
+                batch.held = all(_free(p) for p in batch.params)
+                batch.segment = (key, names, layout, batch.held)
                 batch.place = values_[0].sharding
+                if batch.held:
+                    values_ = joiner(layout)(values_)
                 arguments.append((vector, values_, grads_, _state_joiner(layout)(member_states)))
             segments = tuple(b.segment for b in call.batches)
-            # donated: this path's flat states are new copies (`self._states` is not
-            # touched until every call has returned)
+            # donated: this path's flat states and pieces are new copies (`self._states`
+            # is not touched until every call has returned)
             program = flat_program(rule, segments, True)
             work.append((program, call, *(list(x) for x in zip(*arguments))))
         return work, plans

@@ -63,6 +63,11 @@ class Backend(Protocol):
     def load(self, states: Mapping[Parameter, Any]) -> None:
         """Replace every state (after a checkpoint was validated)."""
 
+    def release(self) -> None:
+        """Give every parameter whose value the backend holds (in a store of its own)
+        its value and gradient back as arrays of its own, keeping every state; before
+        another backend takes the steps. A later step lays the values out again."""
+
 
 class FusingBackend(Backend, Protocol):
     """A backend that can also run forward, backward and update as one program."""

@@ -1,0 +1,304 @@
+"""Between eager steps, small parameters' values live in the pieces the step returned
+(`lucid.optim._engine.pieces.PieceStore`), one array per piece instead of one per
+parameter (issue: eager lucid at torch's speed). Everything a user does with a
+Parameter must still do what it does in torch: reads, writes (of the same or another
+shape), gradients by hand or by `lucid.backward`, clipping, `zero_grad`, another
+optimizer over the same parameters, compiling, an optimizer that goes away. Each
+test runs the same sequence in torch (float64) and compares."""
+
+from __future__ import annotations
+
+import gc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import lucid
+from lucid._storage import OwnArrays
+from lucid.optim._engine import eager
+from lucid.optim._engine.flat_store import FlatStore
+from lucid.optim._engine.pieces import PieceStore
+
+FLAT_ONLY = pytest.mark.skipif(
+    not eager.FLAT, reason="flat calls are off with this jax (numbers differ in the last bit)"
+)
+SHAPES = [(3,), (2, 2), (5,), ()] * 10  # 40 parameters: several pieces, one call
+SGD = {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}
+ADAM = {"lr": 0.01, "amsgrad": True}
+
+
+class Twins:
+    """The same parameters in lucid and torch (float64), stepped alike."""
+
+    def __init__(self, seed: int = 0, shapes=SHAPES) -> None:
+        self.rng = np.random.default_rng(seed)
+        start = [self.rng.normal(size=s) for s in shapes]
+        self.lucid = [lucid.Parameter(jnp.asarray(v)) for v in start]
+        self.torch = [torch.nn.Parameter(torch.tensor(v)) for v in start]
+
+    def optimizers(self, name: str, options: dict, which=slice(None)):
+        lp, tp = self.lucid[which], self.torch[which]
+        half = len(lp) // 2
+        lucid_groups = [{"params": lp[:half]}, {"params": lp[half:], "lr": options["lr"] / 2}]
+        torch_groups = [{"params": tp[:half]}, {"params": tp[half:], "lr": options["lr"] / 2}]
+        return (
+            getattr(lucid.optim, name)(lucid_groups, **options),
+            getattr(torch.optim, name)(torch_groups, **options),
+        )
+
+    def gradients(self, skip=()) -> None:
+        for i, (p, q) in enumerate(zip(self.lucid, self.torch)):
+            if i in skip:
+                p.grad, q.grad = None, None
+                continue
+            g = self.rng.normal(size=p.shape)
+            p.grad, q.grad = jnp.asarray(g), torch.tensor(g)
+
+    def assert_values_equal(self) -> None:
+        for p, q in zip(self.lucid, self.torch):
+            np.testing.assert_allclose(
+                np.asarray(p.data), q.detach().numpy(), rtol=1e-13, atol=1e-15
+            )
+            assert p.shape == tuple(q.shape)
+
+
+def _storages(params) -> set:
+    return {type(p.location[0]) for p in params}
+
+
+@FLAT_ONLY
+def test_values_live_in_the_steps_pieces_and_read_as_torchs():
+    twins = Twins()
+    opt, topt = twins.optimizers("SGD", SGD)
+    for _ in range(3):
+        twins.gradients()
+        opt.step()
+        topt.step()
+    assert _storages(twins.lucid) == {PieceStore}
+    stores = {id(p.location[0]): p.location[0] for p in twins.lucid}
+    assert len(stores) == 2  # one per group in the call
+    for store in stores.values():
+        # a piece holds several parameters: fewer arrays than parameters
+        assert isinstance(store.buffer, tuple) and len(store.buffer) < store.layout.param_count
+    twins.assert_values_equal()
+
+
+@FLAT_ONLY
+def test_a_value_read_before_a_step_stays_readable_and_unchanged():
+    """The step donates the pieces; a value read from them is an array of its own."""
+    twins = Twins()
+    opt, _ = twins.optimizers("Adam", ADAM)
+    twins.gradients()
+    opt.step()
+    read = [p.data for p in twins.lucid]
+    kept = [np.asarray(v) for v in read]
+    for _ in range(2):
+        twins.gradients()
+        opt.step()
+    assert not any(v.is_deleted() for v in read)
+    for v, k in zip(read, kept):
+        np.testing.assert_array_equal(np.asarray(v), k)
+
+
+@pytest.mark.parametrize("how", ["jax", "numpy", "torch"])
+def test_a_value_written_between_steps_reaches_the_next_step_as_in_torch(how):
+    twins = Twins()
+    opt, topt = twins.optimizers("SGD", SGD)
+    for k in range(4):
+        twins.gradients()
+        opt.step()
+        topt.step()
+        if k == 1:
+            for i in (0, 7, 8):  # in one piece, and in another
+                new = twins.rng.normal(size=twins.lucid[i].shape)
+                as_given = {"jax": jnp.asarray, "numpy": np.asarray, "torch": torch.tensor}
+                twins.lucid[i].data = as_given[how](new)
+                with torch.no_grad():
+                    twins.torch[i].copy_(torch.tensor(new))
+            twins.assert_values_equal()
+    twins.assert_values_equal()
+
+
+def test_a_value_of_another_shape_leaves_the_others_stepping_as_in_torch():
+    """A parameter given a value of another shape (and no gradient, so that neither
+    steps it) reads that value; the other members step on as torch's."""
+    twins = Twins()
+    opt, topt = twins.optimizers("SGD", SGD)
+    twins.gradients()
+    opt.step()
+    topt.step()
+    new = twins.rng.normal(size=(7,))
+    twins.lucid[1].data = jnp.asarray(new)
+    twins.torch[1].data = torch.tensor(new)
+    assert isinstance(twins.lucid[1].location[0], OwnArrays)
+    for _ in range(2):
+        twins.gradients(skip={1})
+        opt.step()
+        topt.step()
+    twins.assert_values_equal()
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad_and_gradients_of_stored_parameters_are_torchs(set_to_none):
+    twins = Twins()
+    opt, topt = twins.optimizers("Adam", ADAM)
+    twins.gradients()
+    opt.step()
+    topt.step()
+    opt.zero_grad(set_to_none=set_to_none)
+    topt.zero_grad(set_to_none=set_to_none)
+    for p, q in zip(twins.lucid, twins.torch):
+        if q.grad is None:
+            assert p.grad is None
+        else:
+            np.testing.assert_array_equal(np.asarray(p.grad), q.grad.numpy())
+    opt.step()  # zeros (or no gradients) step as torch's
+    topt.step()
+    twins.assert_values_equal()
+
+
+def test_backward_through_stored_values_accumulates_torchs_gradients():
+    """`lucid.backward` traces through the pieces; gradients go to the parameters the
+    loss reads, added to those they had, and the others keep theirs (or none)."""
+    twins = Twins()
+    opt, topt = twins.optimizers("SGD", SGD)
+    twins.gradients()
+    opt.step()
+    topt.step()
+    opt.zero_grad()
+    topt.zero_grad()
+    used = list(range(0, len(SHAPES), 3))
+    twins.lucid[3].grad = jnp.ones(twins.lucid[3].shape)  # one gradient already there
+    twins.torch[3].grad = torch.ones(twins.torch[3].shape, dtype=torch.float64)
+
+    def loss(params):
+        return sum(jnp.sum(jnp.sin(p) * (k + 1)) for k, p in enumerate(params))
+
+    x = lucid.backward(loss, [twins.lucid[i] for i in used])
+    y = sum(torch.sum(torch.sin(twins.torch[i]) * (k + 1)) for k, i in enumerate(used))
+    y.backward()
+    np.testing.assert_allclose(float(x), y.detach().item(), rtol=1e-14)
+    for p, q in zip(twins.lucid, twins.torch):
+        assert (p.grad is None) == (q.grad is None)
+        if q.grad is not None:
+            np.testing.assert_allclose(np.asarray(p.grad), q.grad.numpy(), rtol=1e-14)
+    opt.step()
+    topt.step()
+    twins.assert_values_equal()
+
+
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_clipping_stored_parameters_gives_torchs_gradients(norm_type):
+    twins = Twins()
+    opt, topt = twins.optimizers("SGD", SGD)
+    for _ in range(2):
+        twins.gradients()
+        total = lucid.nn.utils.clip_grad_norm_(twins.lucid, 0.5, norm_type)
+        expected = torch.nn.utils.clip_grad_norm_(twins.torch, 0.5, norm_type)
+        np.testing.assert_allclose(float(total), float(expected), rtol=1e-14)
+        opt.step()
+        topt.step()
+    twins.assert_values_equal()
+
+
+def test_two_eager_optimizers_over_the_same_parameters_both_step_them_as_torchs():
+    twins = Twins()
+    first, tfirst = twins.optimizers("SGD", SGD)
+    second, tsecond = twins.optimizers("Adam", ADAM, slice(5, 30))
+    for _ in range(3):
+        twins.gradients()
+        for o in (first, second, tfirst, tsecond):
+            o.step()
+    twins.assert_values_equal()
+
+
+@FLAT_ONLY
+def test_parameters_of_an_optimizer_that_is_gone_are_taken_over_by_the_next():
+    twins = Twins()
+    opt, topt = twins.optimizers("SGD", SGD)
+    twins.gradients()
+    opt.step()
+    topt.step()
+    old = [p.location[0] for p in twins.lucid]  # kept: an id could be reused
+    del opt
+    gc.collect()
+    opt, topt = twins.optimizers("Adam", ADAM)
+    for _ in range(2):
+        twins.gradients()
+        opt.step()
+        topt.step()
+    assert not any(p.location[0] is store for p in twins.lucid for store in old)
+    assert not any(store.owned for store in old)
+    assert _storages(twins.lucid) == {PieceStore}
+    twins.assert_values_equal()
+
+
+@FLAT_ONLY
+def test_compiling_an_eager_optimizer_takes_its_values_and_goes_on_as_torch():
+    twins = Twins()
+    opt, topt = twins.optimizers("Adam", ADAM)
+    for _ in range(2):
+        twins.gradients()
+        opt.step()
+        topt.step()
+    assert _storages(twins.lucid) == {PieceStore}
+    compiled = lucid.compile_optimizer(opt)
+    for _ in range(2):
+        twins.gradients()
+        compiled.step()
+        topt.step()
+    assert _storages(twins.lucid) == {FlatStore}  # taken over, not borrowed
+    twins.assert_values_equal()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_releasing_a_backend_gives_values_back_and_keeps_every_state(compiled):
+    """`Backend.release` (what `use_backend` calls first): each value and gradient
+    in its parameter's own arrays, the state kept, and the next step as torch's."""
+    twins = Twins()
+    opt, topt = twins.optimizers("Adam", ADAM)
+    if compiled:
+        opt = lucid.compile_optimizer(opt)
+    for _ in range(2):
+        twins.gradients()
+        opt.step()
+        topt.step()
+    backend = opt.optimizer.backend if compiled else opt.backend
+    states = {p: jax.tree_util.tree_map(np.asarray, s) for p, s in backend.states().items()}
+    grads = [np.asarray(p.grad) for p in twins.lucid]
+    backend.release()
+    assert _storages(twins.lucid) == {OwnArrays}
+    for p, g in zip(twins.lucid, grads):
+        np.testing.assert_array_equal(np.asarray(p.grad), g)
+    twins.assert_values_equal()
+    after = backend.states()
+    assert after.keys() == states.keys()
+    for p in states:
+        for a, b in zip(jax.tree_util.tree_leaves(after[p]), jax.tree_util.tree_leaves(states[p])):
+            np.testing.assert_array_equal(np.asarray(a), b)
+    twins.gradients()
+    opt.step()
+    topt.step()
+    twins.assert_values_equal()
+
+
+def test_a_parameter_released_by_hand_and_written_steps_as_in_torch():
+    twins = Twins()
+    opt, topt = twins.optimizers("SGD", SGD)
+    twins.gradients()
+    opt.step()
+    topt.step()
+    p = twins.lucid[4]
+    p.release()
+    assert isinstance(p.location[0], OwnArrays)
+    p.data = p.data * 2
+    with torch.no_grad():
+        twins.torch[4].mul_(2)
+    for _ in range(2):
+        twins.gradients()
+        opt.step()
+        topt.step()
+    twins.assert_values_equal()
