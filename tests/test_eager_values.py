@@ -57,6 +57,13 @@ class Twins:
             g = self.rng.normal(size=p.shape)
             p.grad, q.grad = jnp.asarray(g), torch.tensor(g)
 
+    def steps(self, *optimizers, times: int = 1, skip=()) -> None:
+        """``times`` rounds of new gradients (none at ``skip``), each optimizer stepped."""
+        for _ in range(times):
+            self.gradients(skip)
+            for o in optimizers:
+                o.step()
+
     def assert_values_equal(self) -> None:
         for p, q in zip(self.lucid, self.torch):
             np.testing.assert_allclose(
@@ -73,10 +80,7 @@ def _storages(params) -> set:
 def test_values_live_in_the_steps_pieces_and_read_as_torchs():
     twins = Twins()
     opt, topt = twins.optimizers("SGD", SGD)
-    for _ in range(3):
-        twins.gradients()
-        opt.step()
-        topt.step()
+    twins.steps(opt, topt, times=3)
     assert _storages(twins.lucid) == {PieceStore}
     stores = {id(p.location[0]): p.location[0] for p in twins.lucid}
     assert len(stores) == 2  # one per group in the call
@@ -91,13 +95,10 @@ def test_a_value_read_before_a_step_stays_readable_and_unchanged():
     """The step donates the pieces; a value read from them is an array of its own."""
     twins = Twins()
     opt, _ = twins.optimizers("Adam", ADAM)
-    twins.gradients()
-    opt.step()
+    twins.steps(opt)
     read = [p.data for p in twins.lucid]
     kept = [np.asarray(v) for v in read]
-    for _ in range(2):
-        twins.gradients()
-        opt.step()
+    twins.steps(opt, times=2)
     assert not any(v.is_deleted() for v in read)
     for v, k in zip(read, kept):
         np.testing.assert_array_equal(np.asarray(v), k)
@@ -127,17 +128,12 @@ def test_a_value_of_another_shape_leaves_the_others_stepping_as_in_torch():
     steps it) reads that value; the other members step on as torch's."""
     twins = Twins()
     opt, topt = twins.optimizers("SGD", SGD)
-    twins.gradients()
-    opt.step()
-    topt.step()
+    twins.steps(opt, topt)
     new = twins.rng.normal(size=(7,))
     twins.lucid[1].data = jnp.asarray(new)
     twins.torch[1].data = torch.tensor(new)
     assert isinstance(twins.lucid[1].location[0], OwnArrays)
-    for _ in range(2):
-        twins.gradients(skip={1})
-        opt.step()
-        topt.step()
+    twins.steps(opt, topt, times=2, skip={1})
     twins.assert_values_equal()
 
 
@@ -145,9 +141,7 @@ def test_a_value_of_another_shape_leaves_the_others_stepping_as_in_torch():
 def test_zero_grad_and_gradients_of_stored_parameters_are_torchs(set_to_none):
     twins = Twins()
     opt, topt = twins.optimizers("Adam", ADAM)
-    twins.gradients()
-    opt.step()
-    topt.step()
+    twins.steps(opt, topt)
     opt.zero_grad(set_to_none=set_to_none)
     topt.zero_grad(set_to_none=set_to_none)
     for p, q in zip(twins.lucid, twins.torch):
@@ -165,9 +159,7 @@ def test_backward_through_stored_values_accumulates_torchs_gradients():
     loss reads, added to those they had, and the others keep theirs (or none)."""
     twins = Twins()
     opt, topt = twins.optimizers("SGD", SGD)
-    twins.gradients()
-    opt.step()
-    topt.step()
+    twins.steps(opt, topt)
     opt.zero_grad()
     topt.zero_grad()
     used = list(range(0, len(SHAPES), 3))
@@ -208,10 +200,7 @@ def test_two_eager_optimizers_over_the_same_parameters_both_step_them_as_torchs(
     twins = Twins()
     first, tfirst = twins.optimizers("SGD", SGD)
     second, tsecond = twins.optimizers("Adam", ADAM, slice(5, 30))
-    for _ in range(3):
-        twins.gradients()
-        for o in (first, second, tfirst, tsecond):
-            o.step()
+    twins.steps(first, second, tfirst, tsecond, times=3)
     twins.assert_values_equal()
 
 
@@ -219,17 +208,12 @@ def test_two_eager_optimizers_over_the_same_parameters_both_step_them_as_torchs(
 def test_parameters_of_an_optimizer_that_is_gone_are_taken_over_by_the_next():
     twins = Twins()
     opt, topt = twins.optimizers("SGD", SGD)
-    twins.gradients()
-    opt.step()
-    topt.step()
+    twins.steps(opt, topt)
     old = [p.location[0] for p in twins.lucid]  # kept: an id could be reused
     del opt
     gc.collect()
     opt, topt = twins.optimizers("Adam", ADAM)
-    for _ in range(2):
-        twins.gradients()
-        opt.step()
-        topt.step()
+    twins.steps(opt, topt, times=2)
     assert not any(p.location[0] is store for p in twins.lucid for store in old)
     assert not any(store.owned for store in old)
     assert _storages(twins.lucid) == {PieceStore}
@@ -240,16 +224,10 @@ def test_parameters_of_an_optimizer_that_is_gone_are_taken_over_by_the_next():
 def test_compiling_an_eager_optimizer_takes_its_values_and_goes_on_as_torch():
     twins = Twins()
     opt, topt = twins.optimizers("Adam", ADAM)
-    for _ in range(2):
-        twins.gradients()
-        opt.step()
-        topt.step()
+    twins.steps(opt, topt, times=2)
     assert _storages(twins.lucid) == {PieceStore}
     compiled = lucid.compile_optimizer(opt)
-    for _ in range(2):
-        twins.gradients()
-        compiled.step()
-        topt.step()
+    twins.steps(compiled, topt, times=2)
     assert _storages(twins.lucid) == {FlatStore}  # taken over, not borrowed
     twins.assert_values_equal()
 
@@ -262,10 +240,7 @@ def test_releasing_a_backend_gives_values_back_and_keeps_every_state(compiled):
     opt, topt = twins.optimizers("Adam", ADAM)
     if compiled:
         opt = lucid.compile_optimizer(opt)
-    for _ in range(2):
-        twins.gradients()
-        opt.step()
-        topt.step()
+    twins.steps(opt, topt, times=2)
     backend = opt.optimizer.backend if compiled else opt.backend
     states = {p: jax.tree_util.tree_map(np.asarray, s) for p, s in backend.states().items()}
     grads = [np.asarray(p.grad) for p in twins.lucid]
@@ -279,26 +254,19 @@ def test_releasing_a_backend_gives_values_back_and_keeps_every_state(compiled):
     for p in states:
         for a, b in zip(jax.tree_util.tree_leaves(after[p]), jax.tree_util.tree_leaves(states[p])):
             np.testing.assert_array_equal(np.asarray(a), b)
-    twins.gradients()
-    opt.step()
-    topt.step()
+    twins.steps(opt, topt)
     twins.assert_values_equal()
 
 
 def test_a_parameter_released_by_hand_and_written_steps_as_in_torch():
     twins = Twins()
     opt, topt = twins.optimizers("SGD", SGD)
-    twins.gradients()
-    opt.step()
-    topt.step()
+    twins.steps(opt, topt)
     p = twins.lucid[4]
     p.release()
     assert isinstance(p.location[0], OwnArrays)
     p.data = p.data * 2
     with torch.no_grad():
         twins.torch[4].mul_(2)
-    for _ in range(2):
-        twins.gradients()
-        opt.step()
-        topt.step()
+    twins.steps(opt, topt, times=2)
     twins.assert_values_equal()
