@@ -23,7 +23,7 @@ from ..._parameter import Parameter
 from ..._storage import OwnArrays
 from ...functional._rule import Rule, is_sparse
 from .flat_store import Borrowed, FlatStore, dense
-from .pieces import PieceStore
+from .pieces import free
 from .sharding import Axes, RowShard, placement, sharded_state
 
 
@@ -77,9 +77,7 @@ def entries(params_by_group: Sequence[Sequence[Parameter]], states: Mapping) -> 
             storage = p.location[0]
             # in another live optimizer's store: borrowed; in our own, in a store whose
             # optimizer is gone, or in arrays of its own: taken over
-            borrowed = not isinstance(storage, OwnArrays) and not (
-                isinstance(storage, FlatStore | PieceStore) and not storage.owned
-            )
+            borrowed = not free(storage)
             grad = None if borrowed else p.grad
             found.append(Entry(p, index, p.data, grad, states.get(p), borrowed))
     return found

@@ -67,7 +67,7 @@ import numpy as np
 
 from ..._arrays import device_domain
 from ..._parameter import Parameter, grads_of, located_in, set_values, values_of
-from ..._storage import OwnArrays, check_grad
+from ..._storage import check_grad
 from ...functional._rule import (
     Rule,
     apply_leaf,
@@ -76,10 +76,9 @@ from ...functional._rule import (
     compute_dtype,
     is_sparse,
 )
-from .flat_store import FlatStore
 from .interface import Group
 from .layout import join_views, views_of
-from .pieces import FlatLayout, PieceStore, joiner
+from .pieces import FlatLayout, PieceStore, flat_piece, free, held_piece, joiner
 from .programs import PROGRAMS_KEPT, jit_placed
 from .state import begin, packed_hyper
 
@@ -150,18 +149,14 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...], donate: bool = False
                 fields = (
                     f if f is None or scalar else f[k] for f, scalar in zip(state, layout.scalar)
                 )
-                if not held:
-                    flat = join_views(p[a:b], piece)
-                else:  # a piece of one member in the member's shape (`join_values`)
-                    flat = join_views([p[k]], piece) if b - a == 1 else p[k]
+                flat = flat_piece(p[k], piece) if held else join_views(p[a:b], piece)
                 value, new = apply_leaf(
                     rule, options, hyper, flat, join_views(g[a:b], piece), type(state)(*fields)
                 )
-                cut = views_of(value, piece)
-                if not held:
-                    values.extend(cut)
+                if held:
+                    values.append(held_piece(value, piece))
                 else:
-                    values.append(cut[0] if b - a == 1 else value)
+                    values.extend(views_of(value, piece))
                 pieces.append(new)
             first = pieces[0]
             new_states.append(
@@ -297,15 +292,6 @@ def _update_flops(
         jax.ShapeDtypeStruct(np.shape(vector), vector.dtype),
         jax.ShapeDtypeStruct((_PROXY,), value.dtype),
         type(state)(*fields),
-    )
-
-
-def _free(param: Parameter) -> bool:
-    """Whether a step may move ``param``'s value into a store of its own: it lives in
-    arrays of its own or in a store no live optimizer steps (a compiled one's too)."""
-    storage = param.location[0]
-    return isinstance(storage, OwnArrays) or (
-        isinstance(storage, PieceStore | FlatStore) and not storage.owned
     )
 
 
@@ -694,7 +680,7 @@ class EagerBackend:
                 batch.layout = layout
                 # the values go to a store of this backend's, unless a member lives in
                 # another live optimizer's storage (then it is read and written there)
-                batch.held = all(_free(p) for p in batch.params)
+                batch.held = all(free(p.location[0]) for p in batch.params)
                 batch.segment = (key, names, layout, batch.held)
                 batch.place = values_[0].sharding
                 if batch.held:

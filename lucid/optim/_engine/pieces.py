@@ -37,6 +37,7 @@ import numpy as np
 from ..._arrays import is_sparse
 from ..._parameter import Parameter
 from ..._storage import OwnArrays
+from .flat_store import FlatStore
 from .layout import Layout, join_views, views_of
 from .programs import PROGRAMS_KEPT
 
@@ -88,15 +89,14 @@ class FlatLayout(NamedTuple):
         program bit for bit: XLA:CPU contracts a multiply-add differently when one
         operand of an elementwise fusion is 1-D and another a reshaped N-D array."""
         return tuple(
-            arrays[a] if b - a == 1 else join_views(arrays[a:b], layout)
-            for a, b, layout in self.pieces
+            held_piece(join_views(arrays[a:b], layout), layout) for a, b, layout in self.pieces
         )
 
     def split_values(self, pieces: Sequence[Any]) -> list[Any]:
         """The inverse of `join_values`."""
         out: list[Any] = []
-        for piece, (a, b, layout) in zip(pieces, self.pieces):
-            out.extend([piece] if b - a == 1 else views_of(piece, layout))
+        for piece, (_, _, layout) in zip(pieces, self.pieces):
+            out.extend(views_of(flat_piece(piece, layout), layout))
         return out
 
     def join_field(self, arrays: Sequence[Any]) -> tuple[Any, ...]:
@@ -134,6 +134,28 @@ class FlatLayout(NamedTuple):
             type(state)(*(v if c is None else c[i] for v, c in zip(state, cut)))
             for i in range(len(self.shapes))
         ]
+
+
+def held_piece(flat: Any, layout: Layout) -> Any:
+    """A piece's flat buffer (of the piece's ``layout``) as a `PieceStore` holds it:
+    as it is, or, for a piece of one member, in that member's shape (`join_values`)."""
+    return flat.reshape(layout.shapes[0]) if layout.param_count == 1 else flat
+
+
+def flat_piece(held: Any, layout: Layout) -> Any:
+    """A value piece as a `PieceStore` holds it, as a flat buffer (inverse of
+    `held_piece`)."""
+    return held.reshape(-1) if layout.param_count == 1 else held
+
+
+def free(storage: Any) -> bool:
+    """Whether a parameter's storage belongs to no live optimizer: the parameter's own
+    arrays, or a store (an eager step's `PieceStore`, a compiled step's `FlatStore`)
+    whose optimizer is gone. The next optimizer to step the parameter takes it over;
+    one in a live optimizer's store is read and written through it."""
+    return isinstance(storage, OwnArrays) or (
+        isinstance(storage, PieceStore | FlatStore) and not storage.owned
+    )
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -218,7 +240,7 @@ class PieceStore:
     def release(self) -> None:
         """Give every member still here arrays of its own (its current value and
         gradient); the store then belongs to nobody."""
-        values = self._cut() if self._params else []
+        values = self._cut()
         for index, ref in enumerate(self._params):
             p = ref()
             if p is not None and p.location == (self, index):
@@ -244,9 +266,7 @@ class PieceStore:
                 p.relocate(OwnArrays(value, self._grads[index]))
             self._grads[index] = None
             return
-        values = list(self._cut())
-        values[index] = value
-        self._values = values
+        self._cut()[index] = value  # the store's own list (reads return its items)
         self._pieces = None
 
     def grad(self, index: int) -> Any:
