@@ -113,7 +113,7 @@ def test_a_value_written_between_steps_reaches_the_next_step_as_in_torch(how):
         opt.step()
         topt.step()
         if k == 1:
-            for i in (0, 7, 8):  # in one piece, and in another
+            for i in (0, 7, 25):  # two in one piece of the first group's store, one in the other's
                 new = twins.rng.normal(size=twins.lucid[i].shape)
                 as_given = {"jax": jnp.asarray, "numpy": np.asarray, "torch": torch.tensor}
                 twins.lucid[i].data = as_given[how](new)
