@@ -19,6 +19,7 @@ their names in `param_names`), [backward][lucid.backward], [fused_step][lucid.fu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -193,8 +194,8 @@ def boxed_tree_params(params: Any) -> list[tuple[str, Parameter]] | None:
     Raises:
       TypeError: a pytree of arrays without Parameters (the message says how to box it).
     """
-    if params is None or isinstance(params, list | tuple | Parameter):
-        return None
+    if params is None or isinstance(params, list | tuple | Parameter | Iterator):
+        return None  # (jax warns that it will refuse an iterator as a pytree leaf)
     treedef = jax.tree_util.tree_structure(params, is_leaf=_is_parameter)
     if jax.tree_util.treedef_is_leaf(treedef):
         return None  # a generator, an iterator, an array...

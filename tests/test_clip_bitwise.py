@@ -22,7 +22,13 @@ BATCHES = [jnp.asarray(b) for b in gpt_model.make_batches(CFG, 10)]
 LOSS = gpt_model.make_jax_loss(CFG)
 
 
-def _train(mode: str) -> dict[str, np.ndarray]:
+# the order clip_grad_norm_ is given the parameters in: the optimizer's (its groups one
+# after the other, as the compiled step lays them out), the model's (the groups' members
+# interleaved, as a port passes `model.parameters()`), and a shuffled one
+ORDERS = ["groups", "model", "shuffled"]
+
+
+def _train(mode: str, order: str = "groups") -> dict[str, np.ndarray]:
     params = {k: lucid.Parameter(jnp.asarray(v, jnp.float32)) for k, v in WEIGHTS.items()}
     decay = [p for p in params.values() if p.ndim == 2]
     rest = [p for p in params.values() if p.ndim != 2]
@@ -38,14 +44,31 @@ def _train(mode: str) -> dict[str, np.ndarray]:
         else:
             opt.zero_grad()
             lucid.backward(LOSS, params, tokens)
-            lucid.nn.utils.clip_grad_norm_(opt.parameters(), 1.0)
+            lucid.nn.utils.clip_grad_norm_(_in_order(order, opt, params), 1.0)
             opt.step()
     return {k: np.asarray(p.data) for k, p in params.items()}
 
 
-@pytest.mark.parametrize("mode", ["compiled", "fused"])
-def test_a_clipped_float32_loop_is_bitwise_the_eager_one(mode):
-    eager, other = _train("eager"), _train(mode)
+def _in_order(order: str, opt, params: dict) -> list:
+    if order == "groups":
+        return list(opt.parameters())
+    listed = list(params.values())
+    if order == "shuffled":
+        rng = np.random.default_rng(0)
+        listed = [listed[i] for i in rng.permutation(len(listed))]
+    return listed
+
+
+def _assert_bitwise(eager: dict, other: dict) -> None:
     differing = {k: int((eager[k] != other[k]).sum()) for k in eager}
     assert all(v == 0 for v in differing.values()), differing
     assert eager["h.0.attn.qkv.weight"].dtype == np.float32
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_compiled_loop_clipped_in_any_order_is_bitwise_the_eager_one(order):
+    _assert_bitwise(_train("eager", order), _train("compiled", order))
+
+
+def test_a_fused_clipped_float32_loop_is_bitwise_the_eager_one():
+    _assert_bitwise(_train("eager"), _train("fused"))

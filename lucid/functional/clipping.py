@@ -85,12 +85,26 @@ def vector_norm(x: Array, norm_type: float) -> Array:
     return norm.astype(out)
 
 
+def by_dtype(dtypes: list[Any]) -> list[int]:
+    """The order torch's total norm stacks the norms of tensors of ``dtypes`` in: grouped
+    by dtype (torch's `_group_tensors_by_device_and_dtype`, the groups in order of first
+    appearance), in the given order within a group."""
+    first: dict[np.dtype, int] = {}
+    for dtype in dtypes:
+        first.setdefault(np.dtype(dtype), len(first))
+    return sorted(range(len(dtypes)), key=lambda i: first[np.dtype(dtypes[i])])
+
+
 def total_norm(tensors: list[Array], norm_type: float) -> Array:
     """The `norm_type`-norm of the tensors' norms (torch's `get_total_norm`).
 
     Each tensor's norm is in its own dtype; the norms are stacked in the
     dtype they promote to (bfloat16 and float32 norms: float32) and the
-    total is taken in it, as torch's `torch.stack` of the per-dtype norms."""
+    total is taken in it, as torch's `torch.stack` of the per-dtype norms,
+    in torch's order (`by_dtype`): the sum rounds in that order, so every
+    caller (a Parameter's own array, a flat buffer's view, a pytree's leaf)
+    gets the same total for the same list."""
+    tensors = [tensors[i] for i in by_dtype([t.dtype for t in tensors])]
     norms = [vector_norm(t, norm_type) for t in tensors]
     dtype = jnp.result_type(*norms)
     return vector_norm(jnp.stack([n.astype(dtype) for n in norms]), norm_type)

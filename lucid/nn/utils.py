@@ -41,23 +41,22 @@ __all__ = ["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_
 Array = jax.Array
 
 
-def _tensors(grads: list[Array], pieces: tuple, times: tuple[int, ...]) -> list[Array]:
-    """The gradients as torch sees them, one per parameter listed: a flat buffer's views,
+# Where each tensor of the list torch's total norm reads comes from, as listed: per entry, the
+# position of the array among the few the gradients are read as, and which of that array's
+# per-parameter views (``None``: the array is one tensor). `_Gradients.order` builds it.
+Order = tuple[tuple[int, "int | None"], ...]
+
+
+def _tensors(grads: list[Array], layouts: tuple, order: Order) -> list[Array]:
+    """The gradients as torch's total norm sees them, as listed: a flat buffer's views,
     and a parameter listed `k` times `k` times (torch's list of `.grad`s repeats it)."""
-    tensors = []
-    for grad, piece, k in zip(grads, pieces, times):
-        if piece is None:
-            tensors.extend([grad] * k)
-        else:
-            layout, indices = piece
-            views = layout.split(grad)
-            tensors.extend(views[i] for i in indices)
-    return tensors
+    views = [g if layout is None else layout.split(g) for g, layout in zip(grads, layouts)]
+    return [views[a] if view is None else views[a][view] for a, view in order]
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _total_norm(grads: list[Array], pieces: tuple, times: tuple, norm_type: float) -> Array:
-    return clipping.total_norm(_tensors(grads, pieces, times), norm_type)
+def _total_norm(grads: list[Array], layouts: tuple, order: Order, norm_type: float) -> Array:
+    return clipping.total_norm(_tensors(grads, layouts, order), norm_type)
 
 
 @functools.partial(jax.jit, static_argnums=(3,))
@@ -66,11 +65,16 @@ def _scaled(grads: list[Array], max_norm: Array, total_norm: Array, times: tuple
     return [clipping.scale(g, coef, k) for g, k in zip(grads, times)]
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
 def _clipped_by_norm(
-    grads: list[Array], max_norm: Array, pieces: tuple, times: tuple, norm_type: float
+    grads: list[Array],
+    max_norm: Array,
+    layouts: tuple,
+    order: Order,
+    times: tuple,
+    norm_type: float,
 ) -> tuple[Array, list[Array]]:
-    total = _total_norm(grads, pieces, times, norm_type)
+    total = _total_norm(grads, layouts, order, norm_type)
     return total, _scaled(grads, max_norm, total, times)
 
 
@@ -109,22 +113,26 @@ def _sparse_indices(storage: Any, indices: list[int]) -> list[int]:
 class _Gradients:
     """The gradients of some parameters as a few arrays: a storage's whole gradient
     buffer where these parameters are all of its gradients, each listed once, else one
-    array per parameter, with how many times it was listed (torch scales it that often)."""
+    array per parameter, with how many times it was listed (torch scales it that often),
+    and the order they were listed in (`Order`), whatever the storages: the total norm
+    rounds its sum in an order of the listed tensors (`lucid.functional.clipping.total_norm`),
+    so a flat buffer's views must be read in it as arrays of their own are."""
 
     def __init__(self, params: list[Parameter], where: str) -> None:
         # presence from the storages: reading p.grad would cut a slice per parameter
+        listed = [p for p in params if p.location[0].grad_present(p.location[1])]
         counts: dict[Parameter, int] = {}
-        for p in params:
-            if p.location[0].grad_present(p.location[1]):
-                counts[p] = counts.get(p, 0) + 1
+        for p in listed:
+            counts[p] = counts.get(p, 0) + 1
         repeated = any(k > 1 for k in counts.values())
         self.arrays: list[Array] = []
-        pieces: list[Any] = []  # per array: None (one tensor) or (layout, indices)
+        layouts: list[Any] = []  # per array: None (one tensor) or the layout of its views
         times: list[int] = []
         self._writers: list[Any] = []
-        located = [(p.location, k) for p, k in counts.items()]
-        groups = by_storage(location for location, _ in located)
-        multiplicity = {(id(s), i): k for (s, i), k in located}
+        # per (storage, index): the array it is read from, and its view there
+        source: dict[tuple[int, int], tuple[int, int | None]] = {}
+        groups = by_storage(p.location for p in counts)
+        multiplicity = {(id(p.location[0]), p.location[1]): k for p, k in counts.items()}
         for storage, indices in groups:
             sparse = _sparse_indices(storage, indices)
             if sparse:
@@ -132,19 +140,23 @@ class _Gradients:
         for storage, indices in groups:
             buffer = None if repeated else storage.grad_buffer(indices)
             if buffer is not None:
-                self.arrays.append(buffer)
                 several = storage.layout.param_count > 1
-                pieces.append((storage.layout, tuple(sorted(indices))) if several else None)
+                for index in indices:
+                    source[id(storage), index] = (len(self.arrays), index if several else None)
+                self.arrays.append(buffer)
+                layouts.append(storage.layout if several else None)
                 times.append(1)
                 self._writers.append(storage.set_grad_buffer)
                 continue
             for index in indices:
+                source[id(storage), index] = (len(self.arrays), None)
                 self.arrays.append(storage.grad(index))
-                pieces.append(None)
+                layouts.append(None)
                 times.append(multiplicity[id(storage), index])
                 self._writers.append(functools.partial(storage.set_grad, index))
-        self.pieces = tuple(pieces)
+        self.layouts = tuple(layouts)
         self.times = tuple(times)
+        self.order: Order = tuple(source[id(p.location[0]), p.location[1]] for p in listed)
 
     def write(self, arrays: list[Array]) -> None:
         for writer, array in zip(self._writers, arrays):
@@ -188,7 +200,8 @@ def get_total_norm(
     if not arrays:
         return jnp.asarray(0.0)
     check_dense(arrays, "get_total_norm")
-    total = _total_norm(arrays, (None,) * len(arrays), (1,) * len(arrays), float(norm_type))
+    order = tuple((i, None) for i in range(len(arrays)))
+    total = _total_norm(arrays, (None,) * len(arrays), order, float(norm_type))
     _check_finite(total, norm_type, error_if_nonfinite)
     return total
 
@@ -286,12 +299,12 @@ def clip_grad_norm_(
         return jnp.asarray(0.0)
     max_norm = jnp.asarray(float(max_norm))
     if error_if_nonfinite:  # torch checks before anything is scaled
-        total = _total_norm(grads.arrays, grads.pieces, grads.times, float(norm_type))
+        total = _total_norm(grads.arrays, grads.layouts, grads.order, float(norm_type))
         _check_finite(total, norm_type, error_if_nonfinite)
         grads.write(_scaled(grads.arrays, max_norm, total, grads.times))
         return total
     total, scaled = _clipped_by_norm(
-        grads.arrays, max_norm, grads.pieces, grads.times, float(norm_type)
+        grads.arrays, max_norm, grads.layouts, grads.order, grads.times, float(norm_type)
     )
     grads.write(scaled)
     return total
