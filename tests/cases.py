@@ -65,6 +65,40 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+# Parameter shapes on both sides of every threshold the engine lays parameters out by
+# (`lucid.optim._engine.eager`): an elementwise rule's parameters of at most SMALL elements
+# run laid end to end on the CPU, in pieces of at most SEGMENT bytes, in calls of at most
+# CHUNK members, each member's fields apart where XLA would run the call inline.
+def _thresholds() -> tuple[int, int, int]:
+    from lucid.optim._engine.eager import CHUNK, SEGMENT, SMALL
+
+    return SMALL, SEGMENT, CHUNK
+
+
+_SMALL, _SEGMENT, _CHUNK = _thresholds()
+PIECE = _SEGMENT // 4  # float32 elements of one piece; float64 crosses at half of it
+# One group, small parameters before and after large ones: 1 element, exactly one float32
+# piece (two of float64) and one element more, half a piece (one of float64) and one more,
+# at and one above SMALL, a large 2-D weight, empty, and small 2-D ones.
+ACROSS_THRESHOLDS = [
+    (1,),
+    (PIECE,),
+    (256, 200),
+    (3, 2),
+    (_SMALL,),
+    (PIECE + 1,),
+    (_SMALL + 1,),
+    (0,),
+    (PIECE // 2,),
+    (PIECE // 2 + 1,),
+    (4, 5),
+]
+# a group of two tiny parameters: a call XLA runs inline
+TINY_GROUP = [(2,), (5,)]
+# a group of more parameters than one eager call holds
+MANY_SMALL = [(4,)] * (_CHUNK + 2)
+
+
 def case_id(case: tuple[str, dict[str, Any]]) -> str:
     name, options = case
     parts = [f"{k}={v}" for k, v in options.items() if k != "lr"]

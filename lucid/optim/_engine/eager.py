@@ -526,7 +526,7 @@ class EagerBackend:
         plans = self._plans
         if plans is None or len(plans) != len(groups):
             return None
-        store = self._states
+        states = self._states
         work = []
         flat: list[tuple] = [()] * len(self._packed)
         for group, plan in zip(groups, plans):
@@ -557,9 +557,15 @@ class EagerBackend:
                     flat[batch.slot] = (vector, members, batch_grads, batch.state)
                     continue
                 vector = np.asarray(values, batch.dtype)
-                states = [store[p] for p in batch.params]
                 work.append(
-                    (batch.run, batch, vector, values_of(batch.params), batch_grads, states)
+                    (
+                        batch.run,
+                        batch,
+                        vector,
+                        values_of(batch.params),
+                        batch_grads,
+                        [states[p] for p in batch.params],
+                    )
                 )
         for call in self._calls:
             batches = call.batches
