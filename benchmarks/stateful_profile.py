@@ -97,7 +97,12 @@ def main() -> int:
         # every sequence compiles programs of its own; without this a long profile
         # grows jax's caches until compilation runs out of memory
         jax.clear_caches()
-        for cache in (eager.group_program, programs.step_program, programs.fused_program):
+        for cache in (
+            eager.group_program,
+            programs.step_program,
+            programs.fused_program,
+            programs.transformed_step_program,
+        ):
             cache.cache_clear()
         gc.collect()
         elapsed = time.perf_counter() - start

@@ -309,7 +309,12 @@ class Recorder:
         patch(dispatch, "xla_primitive_callable", primitive_callable)
         from lucid.optim._engine import eager, programs
 
-        caches = (eager.group_program, programs.step_program, programs.fused_program)
+        caches = (
+            eager.group_program,
+            programs.step_program,
+            programs.fused_program,
+            programs.transformed_step_program,
+        )
         for cache in caches:  # their jits were made before the patch
             cache.cache_clear()
         try:

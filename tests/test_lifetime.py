@@ -219,6 +219,7 @@ def test_loss_functions_are_held_only_by_the_bounded_program_caches():
     assert all(ref() is not None for ref in held)  # cached: the next call compiles nothing
     _backward.loss_program.cache_clear()
     programs.fused_program.cache_clear()
+    programs.transformed_step_program.cache_clear()
     gc.collect()
     assert [ref() for ref in held] == [None, None]
 

@@ -391,8 +391,11 @@ class FusedStep:
     `loss_fn(tree, *args, **kwargs)` with the call convention of
     [backward][lucid.backward], differentiates it with respect to every
     parameter of the optimizer, applies `grad_transform` to the gradients
-    and updates the parameters, all in one compiled executable, and returns
-    the loss. It equals
+    and updates the parameters, all in one compiled executable (two with a
+    `grad_transform`: the gradients, then the transform and the update, so
+    that the transform reads them as it would read them from `.grad`: inside
+    one program XLA may hold a gradient in another memory order, and a norm
+    summed over it would round differently), and returns the loss. It equals
 
     ```python
     opt.zero_grad()

@@ -38,7 +38,13 @@ from . import buckets as layout
 from .buckets import Bucket
 from .flat_store import Borrowed, FlatStore
 from .interface import Group
-from .programs import Plan, checked_gradients, fused_program, step_program
+from .programs import (
+    Plan,
+    checked_gradients,
+    fused_program,
+    step_program,
+    transformed_step_program,
+)
 from .sharding import Axes
 from .state import begin, packed_hyper
 
@@ -149,7 +155,9 @@ class CompiledBackend:
     ) -> tuple[Any, Any]:
         """Forward, backward, ``grad_transform`` (an optax transform applied to the
         list of gradients in the optimizer's parameter order) and update of every
-        bucket in one executable. Returns the loss (``(loss, aux)`` with ``has_aux``)
+        bucket in one executable (two with a ``grad_transform``: the gradients, then
+        the transform and the update, `transformed_step_program`). Returns the loss
+        (``(loss, aux)`` with ``has_aux``)
         and the transform's new state. With ``accumulate=N`` the arrays of ``args``
         and ``kwargs`` hold N micro-batches along their leading axis (see
         `fused_program`).
@@ -180,28 +188,26 @@ class CompiledBackend:
         )
         consts = [b for s, b in zip(sources, traced.buffers) if s[0] == "const"]
         states = self._begin(self._buckets, groups)
-        plans, hyper32, hyper64 = self._hyper(self._buckets, next(iter(domains), None), groups)
-        order = self._parameter_order() if grad_transform is not None else ()
-        structure = (traced.static, sources, tuple(b.store.layout for b in self._buckets), order)
-        run = fused_program(
-            self.rule,
-            loss_fn,
-            grad_transform,
-            structure,
-            plans,
-            has_aux,
-            accumulate,
-            array_count(tree) if accumulate is not None else 0,
-        )
-        loss, values, new_states, transform_state = run(
-            hyper32,
-            hyper64,
-            [b.store.values for b in self._buckets],
-            states,
-            consts,
-            traced.arrays,
-            transform_state,
-        )
+        domain = next(iter(domains), None)
+        plans, hyper32, hyper64 = self._hyper(self._buckets, domain, groups)
+        zero = self._on_device([0], np.uint32, domain, _vector_sharding(self._buckets))
+        layouts = tuple(b.store.layout for b in self._buckets)
+        values = [b.store.values for b in self._buckets]
+        fixed = array_count(tree) if accumulate is not None else 0
+        key = (self.rule, loss_fn, (traced.static, sources, layouts), plans, has_aux, accumulate)
+        if grad_transform is None:
+            run = fused_program(*key, fixed)
+            loss, values, new_states = run(
+                hyper32, hyper64, zero, values, states, consts, traced.arrays
+            )
+        else:  # two programs: the transform reads the gradients as program inputs
+            loss, grads = fused_program(*key, fixed, False)(zero, values, consts, traced.arrays)
+            run = transformed_step_program(
+                self.rule, plans, grad_transform, layouts, self._parameter_order()
+            )
+            values, new_states, transform_state = run(
+                hyper32, hyper64, zero, values, grads, states, transform_state
+            )
         self._commit(self._buckets, values, new_states)
         return loss, transform_state
 

@@ -156,6 +156,39 @@ def apply_buckets(
     return new_values, new_states
 
 
+_UNSIGNED = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def rounded(tree: Any, zero: jax.Array) -> Any:
+    """``tree``'s floating-point arrays unchanged, each computed and rounded to its dtype
+    before anything reads it, as if it were a separate program's output.
+
+    XLA fuses a program's elementwise operations, and LLVM then contracts a multiply that
+    feeds an add into one fused multiply-add (one rounding instead of two) and XLA may
+    move a scaling into the operation that made its operand (a scatter's updates): so a
+    gradient computed, transformed and applied in one program can round differently from
+    the same steps run as separate programs (the eager loop's `backward`, `clip_grad_norm_`
+    and `step`). An `optimization_barrier` does not stop this on the CPU, where XLA drops
+    barriers before fusing. Passing each array's bits through an integer ``xor`` with
+    ``zero`` (a runtime 0 of the program's inputs, which XLA cannot fold away) does: the
+    value is unchanged, and no float operation on either side can be fused into one
+    rounding with one on the other.
+    """
+
+    zero = jnp.reshape(zero, ())
+
+    def fence(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or not jnp.issubdtype(x.dtype, jnp.inexact):
+            return x
+        if jnp.issubdtype(x.dtype, jnp.complexfloating):
+            return jax.lax.complex(fence(jnp.real(x)), fence(jnp.imag(x)))
+        bits = _UNSIGNED[x.dtype.itemsize]
+        through = jax.lax.bitcast_convert_type(x, bits) ^ zero.astype(bits)
+        return jax.lax.bitcast_convert_type(through, x.dtype)
+
+    return jax.tree_util.tree_map(fence, tree)
+
+
 def checked_gradients(transformed: Any, grads: list) -> list:
     """``grad_transform``'s output, checked to be one gradient per parameter, each of its
     gradient's shape and dtype.
@@ -191,23 +224,74 @@ def step_program(rule: Rule, plans: tuple[Plan, ...]) -> Callable:
     return jit_placed(rule, step, 2, donate_argnums=(2, 4))
 
 
+def _transformed(
+    grad_transform: Any, order: tuple, layouts: tuple, zero: Any, grads, values, state
+) -> tuple[list, Any]:
+    """``grad_transform`` over the buckets' flat gradients ``grads`` (traced) as
+    per-parameter gradients in the optimizer's ``order`` (``(bucket, index)`` each), with
+    the parameters' views of ``values``; the new gradients `rounded` and laid out as the
+    buckets' again, and the transform's new state."""
+    view_grads = [list(layout.split(g)) for g, layout in zip(grads, layouts)]
+    views = [layout.split(v) for v, layout in zip(values, layouts)]
+    grads_list = [view_grads[b][i] for b, i in order]
+    new_list, state = grad_transform.update(grads_list, state, [views[b][i] for b, i in order])
+    grads_list = rounded(checked_gradients(new_list, grads_list), zero)
+    for (b, i), grad in zip(order, grads_list):
+        view_grads[b][i] = grad
+    return [layout.join(g) for g, layout in zip(view_grads, layouts)], state
+
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def transformed_step_program(
+    rule: Rule, plans: tuple[Plan, ...], grad_transform: Any, layouts: tuple, order: tuple
+) -> Callable:
+    """``(hyper32, hyper64, zero, values, grads, states, transform_state) -> (values,
+    states, transform_state)``: ``grad_transform`` over the gradients (`_transformed`),
+    then `step_program`'s update; the values and states donated.
+
+    A fused step with a ``grad_transform`` runs its gradients' program (`fused_program`
+    without the update) and then this one, so the transform reads the gradients as
+    `lucid.nn.utils` reads a compiled optimizer's: from flat buffers, each a program's
+    input. Inside one program XLA may lay a gradient out in another order (a matrix
+    product's result transposed), and a norm summed over it then rounds differently."""
+
+    def step(hyper32, hyper64, zero, values, grads, states, transform_state, places=None):
+        grads, transform_state = _transformed(
+            grad_transform, order, layouts, zero, grads, values, transform_state
+        )
+        new_values, new_states = apply_buckets(
+            rule, plans, hyper32, hyper64, values, grads, states, places
+        )
+        return new_values, new_states, transform_state
+
+    return jit_placed(rule, step, 3, donate_argnums=(3, 5))
+
+
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def fused_program(
     rule: Rule,
     loss_fn: Callable,
-    grad_transform: Any,
     structure: tuple,
     plans: tuple,
     has_aux: bool = False,
     accumulate: int | None = None,
     fixed: int = 0,
+    update: bool = True,
 ) -> Callable:
-    """Forward, backward, ``grad_transform`` and update of every bucket in one program.
+    """Forward, backward and update of every bucket in one program:
+    ``(hyper32, hyper64, zero, values, states, consts, arrays) -> (out, values, states)``,
+    the values and states donated. Without ``update``, forward and backward only:
+    ``(values, consts, arrays) -> (out, grads)``, the gradients laid out as the buckets'
+    values (the first program of a fused step with a ``grad_transform``, whose second is
+    `transformed_step_program`).
 
-    ``structure`` is ``(static, sources, layouts, order)``: the call's static part
+    The gradients are `rounded` with ``zero`` (a runtime 0, `numpy.uint32`) before
+    anything else reads them, so the step gives the numbers of `backward` and `step` run
+    one after the other.
+
+    ``structure`` is ``(static, sources, layouts)``: the call's static part
     (`lucid._backward.partition`), where each storage of the call comes from (a
-    bucket, or a constant), the buckets' layouts, and each parameter's
-    ``(bucket, index)`` in the optimizer's order (for ``grad_transform``).
+    bucket, or a constant), and the buckets' layouts.
 
     With ``accumulate=N``, the call's arrays after the first ``fixed`` (those of the
     tree) carry a leading micro-batch axis of size N: a ``jax.lax.scan`` over it sums
@@ -215,10 +299,11 @@ def fused_program(
     and the loss returned is the sum of the ``loss / N``; ``aux`` is stacked."""
     from ..._backward import one_element, rebuild_from_views, split_aux
 
-    static, sources, layouts, order = structure
+    static, sources, layouts = structure
     const_layouts = [static[3][i] for i, source in enumerate(sources) if source[0] == "const"]
 
-    def fused(hyper32, hyper64, values, states, consts, arrays, transform_state, places=None):
+    def gradients(zero, values, consts, arrays):
+        """``(loss, aux)`` and the gradients, laid out as the buckets' values."""
         const_views = [layout.split(c) for c, layout in zip(consts, const_layouts)]
 
         def grads_of(bucket_views, arrays):
@@ -237,7 +322,7 @@ def fused_program(
                 return scaled, (loss, aux)  # a one-element loss, returned in its shape
 
             (_, out), grads = jax.value_and_grad(loss_of, has_aux=True)(bucket_views)
-            return out, grads
+            return out, rounded(grads, zero)  # as `backward` leaves them
 
         bucket_views = [layout.split(buffer) for buffer, layout in zip(values, layouts)]
         if accumulate is None:
@@ -256,27 +341,27 @@ def fused_program(
             loss = losses[0]
             for i in range(1, accumulate):  # in order, as the loop's running sum
                 loss = loss + losses[i]
-        if grad_transform is not None:  # on per-parameter gradients, the optimizer's order
-            grads_list = [view_grads[b][i] for b, i in order]
-            params_list = [bucket_views[b][i] for b, i in order]
-            new_list, transform_state = grad_transform.update(
-                grads_list, transform_state, params_list
-            )
-            grads_list = checked_gradients(new_list, grads_list)
-            view_grads = [list(views) for views in view_grads]
-            for (b, i), grad in zip(order, grads_list):
-                view_grads[b][i] = grad
         grads = [layout.join(g) for g, layout in zip(view_grads, layouts)]
+        return ((loss, aux) if has_aux else loss), grads
+
+    if not update:
+
+        def forward_backward(zero, values, consts, arrays, places=None):
+            return gradients(zero, values, consts, arrays)
+
+        return jit_placed(rule, forward_backward, 1)
+
+    def fused(hyper32, hyper64, zero, values, states, consts, arrays, places=None):
+        out, grads = gradients(zero, values, consts, arrays)
         # the update writes the donated value buffers in place; the loss reads
         # them too, but need not be inputs of the update (a gradient may not depend on
         # every read), so without this data dependency XLA may not order those reads
         # first and copies the whole buffer instead (an identity: numbers unchanged;
         # XLA:CPU drops the barrier and keeps its copy)
-        loss, values = jax.lax.optimization_barrier((loss, values))
+        out, values = jax.lax.optimization_barrier((out, values))
         new_values, new_states = apply_buckets(
             rule, plans, hyper32, hyper64, values, grads, states, places
         )
-        out = (loss, aux) if has_aux else loss
-        return out, new_values, new_states, transform_state
+        return out, new_values, new_states
 
-    return jit_placed(rule, fused, 2, donate_argnums=(2, 3))
+    return jit_placed(rule, fused, 3, donate_argnums=(3, 4))
