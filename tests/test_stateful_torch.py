@@ -41,7 +41,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import torch
-from cases import CASES
+from cases import ACROSS_THRESHOLDS, CASES, PIECE
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -77,8 +77,10 @@ CLASSES = [
     "Rprop",
 ]
 OPTION_SETS = {name: [opts for n, opts in CASES if n == name] for name in CLASSES}
-# Few, fixed shapes: every new structure is a new XLA compilation.
-SHAPES = [(3,), (2, 3), (4,)]
+# Few, fixed shapes (every new structure is a new XLA compilation), on both sides of the
+# engine's size thresholds: float64 parameters of a few elements, one element above a
+# piece and one above the largest laid end to end (tests/cases.py).
+SHAPES = [(3,), (2, 3), (4,), (PIECE // 2 + 1,), (ACROSS_THRESHOLDS[6][0],)]
 MAX_PARAMS = 6  # 4 at construction, plus add_param_group and hand edits
 
 # NaN/inf gradient entries, for every class (Rprop's and Adafactor's NaN paths follow
