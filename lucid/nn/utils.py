@@ -184,7 +184,9 @@ def get_total_norm(
       $N$, a 0-d array (`0.0` for no tensors).
 
     Raises:
-      RuntimeError: `error_if_nonfinite` and a non-finite total.
+      RuntimeError: `error_if_nonfinite` and a non-finite total; or an empty
+        array with an infinite or negative `norm_type` (torch's error: the
+        norm has no value there).
       NotImplementedError: a sparse array among `tensors` (torch's has no
         sparse kernel either).
 
@@ -281,7 +283,9 @@ def clip_grad_norm_(
       gradients), in the dtype the gradients' norms promote to (torch's).
 
     Raises:
-      RuntimeError: `error_if_nonfinite` and a non-finite total norm.
+      RuntimeError: `error_if_nonfinite` and a non-finite total norm; or an
+        empty gradient with an infinite or negative `norm_type` (torch's
+        error); nothing is changed.
       NotImplementedError: a sparse gradient (torch has no sparse kernel
         either); nothing is changed.
 

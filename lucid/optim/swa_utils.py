@@ -27,7 +27,7 @@ from .._arrays import is_torch_tensor, torch_to_numpy
 from .._parameter import Parameter
 from .._trees import UNBOXED, named_leaves
 from ..functional.averaging import check_decay, ema_fold, swa_fold, swa_lerp_fold
-from ._schedulers.base import LRScheduler, per_group
+from ._schedulers.base import LRScheduler, param_groups_of, per_group
 
 Array = jax.Array
 MultiAvgFn = Callable[[list[Array], list[Array], Array], list[Array]]
@@ -593,6 +593,7 @@ class SWALR(LRScheduler):
         anneal_strategy: Literal["cos", "linear"] = "cos",
         last_epoch: int = -1,
     ) -> None:
+        param_groups_of(optimizer, "SWALR")  # torch's AttributeError for anything else
         swa_lrs = per_group("swa_lr", optimizer, swa_lr)
         for value, group in zip(swa_lrs, optimizer.param_groups):
             group["swa_lr"] = value
