@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._arrays import is_sparse, is_torch_tensor, torch_to_numpy
+from ._placement import check_grad_placement
 from ._storage import OwnArrays, Storage
 
 
@@ -228,10 +229,14 @@ class Parameter:
         is not `None`. You may assign any array (a jax, NumPy or torch array,
         or a `jax.experimental.sparse` array for the optimizers that take
         sparse gradients) or `None`; its shape and dtype are checked, with
-        torch's errors, when a step uses it.
+        torch's errors, when a step uses it. An array committed to devices
+        (`jax.device_put`) must be on the parameter's devices (any sharding over
+        them), as torch requires a gradient on its parameter's device.
 
         Raises:
           TypeError: on assignment, something that is neither an array nor `None`.
+          RuntimeError: on assignment, an array committed to other devices than
+            the parameter's value (torch's error); nothing is changed.
         """
         return self._storage.grad(self._index)
 
@@ -245,6 +250,13 @@ class Parameter:
                     f"assigned grad expected to be an array or None: expected an array of "
                     f"shape {self.shape} and dtype {self.dtype}, got {type(value).__name__}"
                 ) from None
+            if getattr(value, "committed", False):  # placed by hand: torch's device check
+                held = self._storage.buffer  # the fast check: the same kind, devices
+                if (
+                    type(held) is not type(value)
+                    or held.sharding.device_set != value.sharding.device_set
+                ):
+                    check_grad_placement(self, value)
         self._storage.set_grad(self._index, value)
 
     @property

@@ -4,25 +4,34 @@ Each mistake here used to surface as an internal error (numpy's, Python's or jax
 words about lucid's own code) or not at all. Where torch has the same mistake, its
 exception type (and, where it has them, its words) is the reference, taken from torch
 on the same input. Where a failed call could change something, the test checks that the
-parameters, their gradients and the optimizer's state are as they were.
+parameters, their gradients and the optimizer's state are as they were. Parameters on
+several device domains run in a subprocess with 8 host devices
+(tests/_placement_script.py).
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 import torch
+from _distributed import HOST_DEVICES, rendezvous_flags
 
 import lucid
 import lucid.functional as LF
 from lucid.optim import lr_scheduler, swa_utils
 from lucid.optim._registry import REFERENCES, registered
+
+HERE = Path(__file__).parent
 
 
 def _error_type(run):
@@ -376,3 +385,26 @@ def test_a_scheduler_given_something_else_keeps_torchs_words():
     with pytest.raises(TypeError) as info:
         lr_scheduler.StepLR(object(), 2)
     assert str(info.value) == "object is not an Optimizer"
+
+
+# ------------------------------------------------- parameters on several devices
+
+
+@HOST_DEVICES
+def test_parameters_on_several_devices_step_clip_and_refuse_a_misplaced_gradient():
+    """Sharded, replicated, 2-D-mesh and single-device parameters in one optimizer:
+    eager, compiled and fused steps with clipping give the one-device numbers and keep
+    every placement; the clipping functions work across devices (torch's per-device
+    norms); a gradient on other devices than its parameter is torch's RuntimeError at
+    the assignment, naming both placements and `jax.device_put`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "JAX_PLATFORMS": "cpu"}
+    env["XLA_FLAGS"] = " ".join(["--xla_force_host_platform_device_count=8", *rendezvous_flags()])
+    result = subprocess.run(
+        [sys.executable, str(HERE / "_placement_script.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip().endswith("OK"), result.stdout[-2000:]

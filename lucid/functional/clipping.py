@@ -116,8 +116,15 @@ def total_norm(tensors: list[Array], norm_type: float) -> Array:
     in torch's order (`by_dtype`): the sum rounds in that order, so every
     caller (a Parameter's own array, a flat buffer's view, a pytree's leaf)
     gets the same total for the same list."""
-    tensors = [tensors[i] for i in by_dtype([t.dtype for t in tensors])]
     norms = [vector_norm(t, norm_type) for t in tensors]
+    return norm_of_norms(norms, [t.dtype for t in tensors], norm_type)
+
+
+def norm_of_norms(norms: list[Array], dtypes: list[Any], norm_type: float) -> Array:
+    """The second half of `total_norm`: the `norm_type`-norm of the tensors' norms
+    (each tensor's dtype in `dtypes`), stacked in torch's order and promoted dtype. For
+    norms taken apart (on several devices, as torch's clipping takes them per device)."""
+    norms = [norms[i] for i in by_dtype(dtypes)]
     dtype = jnp.result_type(*norms)
     return vector_norm(jnp.stack([n.astype(dtype) for n in norms]), norm_type)
 
