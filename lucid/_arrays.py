@@ -10,11 +10,13 @@ moves exactly.
 from __future__ import annotations
 
 import sys
+from collections.abc import Hashable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 # the integer dtype that carries the bits of a 1- or 2-byte float NumPy lacks (bfloat16,
 # float8): torch and jax.numpy name those dtypes alike
@@ -86,11 +88,16 @@ def numpy_to_torch(array: Any) -> Any:
     return torch.from_numpy(array.view(bits)).view(target)
 
 
-def device_domain(array: Any) -> frozenset[int] | None:
-    """The ids of the devices ``array`` is committed to (None: not committed, e.g. NumPy)."""
+def device_domain(array: Any) -> Hashable | None:
+    """Where ``array`` is committed (None: not committed, e.g. NumPy): the ids of its
+    devices, with the mesh of a `NamedSharding`. Arrays of one domain can meet in one
+    jitted call; those of two meshes over the same devices are kept apart too (jax
+    cannot always name the outputs' shardings of a call mixing two meshes)."""
     if not isinstance(array, jax.Array) or not getattr(array, "committed", True):
         return None
-    return frozenset(d.id for d in array.sharding.device_set)
+    sharding = array.sharding
+    ids = frozenset(d.id for d in sharding.device_set)
+    return (ids, sharding.mesh) if isinstance(sharding, NamedSharding) else ids
 
 
 def to_array(value: Any) -> Any:

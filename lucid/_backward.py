@@ -115,14 +115,55 @@ def one_element(loss: Any) -> Any:
     return jnp.reshape(loss, ())
 
 
+def _described(value: Any) -> str:
+    """A returned value as an error shows it: an array (or tracer) as ``float32[2, 3]``."""
+    if isinstance(value, jax.Array | np.ndarray):
+        return f"{value.dtype}[{', '.join(map(str, value.shape))}]"
+    return type(value).__name__
+
+
+def _not_a_loss(out: Any) -> TypeError:
+    """The error for a container returned without ``has_aux``: what came back, which
+    item looks like the loss, and the fix (``(loss, aux)`` with ``has_aux=True``)."""
+    items = list(out.values()) if isinstance(out, dict) else list(out)
+    shown = ", ".join(_described(x) for x in items)
+    losses = [
+        i
+        for i, x in enumerate(items)
+        if isinstance(x, jax.Array | np.ndarray) and math.prod(x.shape) == 1
+    ]
+    fix = (
+        "return the pair (loss, aux), the loss first (aux: logits, metrics, any pytree), "
+        "and pass has_aux=True"
+    )
+    if isinstance(out, tuple | list) and len(items) == 2 and losses == [1]:
+        fix = (
+            "its second item looks like the loss, as in (logits, loss): return "
+            "(loss, logits) instead, e.g. `lambda *a, **k: loss_fn(*a, **k)[::-1]`, "
+            "and pass has_aux=True"
+        )
+    elif isinstance(out, tuple | list) and len(items) == 2 and losses == [0]:
+        fix = "if it is (loss, aux), pass has_aux=True"
+    count = f"{len(items)} item" + ("" if len(items) == 1 else "s")
+    return TypeError(
+        f"loss_fn returned a {type(out).__name__} of {count} ({shown}) where "
+        f"the loss (an array of one element) was expected: {fix}"
+    )
+
+
 def split_aux(out: Any, has_aux: bool) -> tuple[Any, Any]:
     """``(loss, aux)`` from what ``loss_fn`` returned (``aux`` is ``None`` without
-    ``has_aux``).
+    ``has_aux``). Runs where ``loss_fn`` is traced: the check reads the output's
+    structure only.
 
     Raises:
-      TypeError: ``has_aux`` and the output is not a pair (as `jax.value_and_grad`).
+      TypeError: ``has_aux`` and the output is not a pair (as `jax.value_and_grad`);
+        or no ``has_aux`` and the output is a tuple, list or dict (JAX's "Gradient
+        only defined for scalar-output functions"), with the fix: ``has_aux=True``.
     """
     if not has_aux:
+        if isinstance(out, tuple | list | dict):
+            raise _not_a_loss(out)
         return out, None
     if not (isinstance(out, tuple | list) and len(out) == 2):
         raise TypeError(

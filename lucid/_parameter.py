@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._arrays import is_sparse, is_torch_tensor, torch_to_numpy
+from ._placement import check_grad_placement
 from ._storage import OwnArrays, Storage
 
 
@@ -34,6 +35,77 @@ def _as_array(value: Any, what: str, numbers: bool = True) -> jax.Array:
     if numbers and isinstance(value, int | float) and not isinstance(value, bool):
         return jnp.asarray(value)
     raise TypeError(f"{what} must be an array, but got {type(value).__name__}")
+
+
+# Python's binary operators: the dunder stem and the symbol
+_BINARY = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "matmul": "@",
+    "truediv": "/",
+    "floordiv": "//",
+    "mod": "%",
+    "pow": "**",
+    "and": "&",
+    "or": "|",
+    "xor": "^",
+    "lshift": "<<",
+    "rshift": ">>",
+}
+_UNARY = {"neg": "-", "pos": "+", "invert": "~", "abs": "abs"}
+_BOX = "a lucid.Parameter is a box around an array, not an array"
+_LIBRARY = (
+    "A model library that reads its weights this way (flax.nnx's `variable[...]`, "
+    "`len(variable)`) was given Parameters in place of arrays: hand it the values, "
+    "`nnx.update(model, lucid.values(boxed))`, not the boxed tree"
+)
+
+
+def _operand(value: Any) -> str:
+    return f"'{type(value).__name__}'"
+
+
+def _binary(stem: str, symbol: str) -> tuple[Any, Any, Any]:
+    """``__op__``, ``__rop__`` and ``__iop__`` that refuse in words: compute with
+    ``.data`` (assign ``.data`` to change the value)."""
+
+    def forward(self: Parameter, other: Any) -> Any:
+        raise TypeError(
+            f"unsupported operand type(s) for {symbol}: 'Parameter' and {_operand(other)}: "
+            f"{_BOX}; compute with its value, `p.data {symbol} x`"
+        )
+
+    def reflected(self: Parameter, other: Any) -> Any:
+        raise TypeError(
+            f"unsupported operand type(s) for {symbol}: {_operand(other)} and 'Parameter': "
+            f"{_BOX}; compute with its value, `x {symbol} p.data`"
+        )
+
+    def in_place(self: Parameter, other: Any) -> Any:
+        raise TypeError(
+            f"unsupported operand type(s) for {symbol}=: 'Parameter' and {_operand(other)}: "
+            f"{_BOX}; to change its value, assign `.data`: `p.data = p.data {symbol} x`"
+        )
+
+    for method, kind in ((forward, ""), (reflected, "r"), (in_place, "i")):
+        method.__name__ = method.__qualname__ = f"__{kind}{stem}__"
+    return forward, reflected, in_place
+
+
+def _unary(stem: str, symbol: str) -> Any:
+    operation, fix = (
+        ("abs()", "abs(p.data)") if symbol == "abs" else (f"unary {symbol}", f"{symbol}p.data")
+    )
+
+    def refuse(self: Parameter) -> Any:
+        raise TypeError(
+            f"bad operand type for {operation}: 'Parameter': {_BOX}; compute with its "
+            f"value, `{fix}`"
+        )
+
+    refuse.__name__ = refuse.__qualname__ = f"__{stem}__"
+    return refuse
 
 
 def _requested_dtype(data: Any) -> Any:
@@ -53,6 +125,12 @@ class Parameter:
     an optimizer's `zero_grad` resets it). It is hashable and compared by
     identity, as a torch tensor is, so it can key optimizer state and sit in
     any pytree (dicts, lists, your own classes) that a loss function reads.
+
+    It is not an array: arithmetic, indexing and `len` raise a `TypeError`
+    that points at the value (`p.data * 2`, `p.data[0]`; to change it, assign
+    `p.data = ...`), as does a model library handed Parameters in place of
+    arrays, at its first use of one. `np.asarray(p)` and `p.numpy()` copy the
+    value.
 
     The value and the gradient live in one *storage* at a time: the
     parameter's own two arrays, or, after
@@ -90,6 +168,11 @@ class Parameter:
     """
 
     __slots__ = ("__weakref__", "_index", "_storage")
+    # numpy's operators defer to the Parameter's (which refuse in words), as to a torch
+    # tensor's, instead of converting it through __array__
+    __array_priority__ = 1000
+    # not iterable (Python would otherwise iterate through __getitem__)
+    __iter__ = None
 
     def __init__(self, data: Any) -> None:
         if isinstance(data, Parameter):
@@ -146,10 +229,14 @@ class Parameter:
         is not `None`. You may assign any array (a jax, NumPy or torch array,
         or a `jax.experimental.sparse` array for the optimizers that take
         sparse gradients) or `None`; its shape and dtype are checked, with
-        torch's errors, when a step uses it.
+        torch's errors, when a step uses it. An array committed to devices
+        (`jax.device_put`) must be on the parameter's devices (any sharding over
+        them), as torch requires a gradient on its parameter's device.
 
         Raises:
           TypeError: on assignment, something that is neither an array nor `None`.
+          RuntimeError: on assignment, an array committed to other devices than
+            the parameter's value (torch's error); nothing is changed.
         """
         return self._storage.grad(self._index)
 
@@ -163,6 +250,13 @@ class Parameter:
                     f"assigned grad expected to be an array or None: expected an array of "
                     f"shape {self.shape} and dtype {self.dtype}, got {type(value).__name__}"
                 ) from None
+            if getattr(value, "committed", False):  # placed by hand: torch's device check
+                held = self._storage.buffer  # the fast check: the same kind, devices
+                if (
+                    type(held) is not type(value)
+                    or held.sharding.device_set != value.sharding.device_set
+                ):
+                    check_grad_placement(self, value)
         self._storage.set_grad(self._index, value)
 
     @property
@@ -238,11 +332,50 @@ class Parameter:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return np.asarray(self.data, dtype=dtype)
 
+    # ------------------------------------------------- not an array
+    # Arithmetic and indexing refuse with the fix, `p.data`: a Parameter is the identity
+    # that optimizers key their state by, and its value changes under it. A model library
+    # given Parameters in place of arrays (flax's `nnx.update(model, boxed)`) reaches
+    # here at its first use of a weight.
+    def __getitem__(self, index: Any) -> Any:
+        """Refused: index the value, `p.data[index]`.
+
+        Raises:
+          TypeError: always; the message names the fix (and, for a model library that
+            indexes its weights, `lucid.values`).
+        """
+        raise TypeError(
+            f"'Parameter' object is not subscriptable: {_BOX}; index its value, "
+            f"`p.data[...]`. {_LIBRARY}"
+        )
+
+    def __len__(self) -> int:
+        """Refused: the value's length is `len(p.data)` (or `p.shape[0]`).
+
+        Raises:
+          TypeError: always, as `__getitem__`.
+        """
+        raise TypeError(
+            f"object of type 'Parameter' has no len(): {_BOX}; take its value's, "
+            f"`len(p.data)` or `p.shape[0]`. {_LIBRARY}"
+        )
+
+    def __bool__(self) -> bool:
+        """True, as any object (not `len`'s answer)."""
+        return True
+
     def __repr__(self) -> str:
         grad = self.grad
         grad = "None" if grad is None else f"array{tuple(grad.shape)}"
         body = np.array2string(np.asarray(self.data), prefix="Parameter(", threshold=20)
         return f"Parameter({body}, dtype={self.dtype}, grad={grad})"
+
+
+for _stem, _symbol in _BINARY.items():
+    for _method in _binary(_stem, _symbol):
+        setattr(Parameter, _method.__name__, _method)
+for _stem, _symbol in _UNARY.items():
+    setattr(Parameter, f"__{_stem}__", _unary(_stem, _symbol))
 
 
 def values_of(params: list[Parameter]) -> list[jax.Array]:

@@ -3,6 +3,8 @@ the averaged weights (SWA, EMA, custom avg_fn, buffers) and SWALR's learning rat
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -386,11 +388,18 @@ def test_a_state_dict_that_does_not_fit_raises_as_torch_and_changes_nothing():
         (extra, "Unexpected key"),
         (wrong, "size mismatch"),
     ]:
-        with pytest.raises(RuntimeError, match=words):
+        with pytest.raises(RuntimeError, match=words) as torchs:
             TORCH.AveragedModel(TorchModel()).load_state_dict(bad)
         before = {k: np.asarray(v).copy() for k, v in ours.state_dict().items()}
-        with pytest.raises(RuntimeError, match=words):
+        with pytest.raises(RuntimeError, match=words) as lucids:
             ours.load_state_dict(bad)
+        # torch's words, a shape shown as a tuple (torch.Size([2, 3]) -> (2, 3))
+        expected = re.sub(
+            r"torch\.Size\(\[([^\]]*)\]\)",
+            lambda m: str(tuple(int(x) for x in m.group(1).split(", ") if x)),
+            str(torchs.value),
+        )
+        assert str(lucids.value) == expected
         for k, v in ours.state_dict().items():
             np.testing.assert_array_equal(np.asarray(v), before[k])
     with pytest.raises(RuntimeError, match="non-negative integer"):
@@ -403,6 +412,10 @@ def test_the_positional_state_dict_of_earlier_lucid_versions_loads():
     averaged.load_state_dict({"module": [jnp.array([3.0, 4.0]), 7], "n_averaged": 2})
     assert averaged.module[0].data.tolist() == [3.0, 4.0] and int(averaged.n_averaged) == 2
     assert sorted(averaged.state_dict()) == ["module.0", "n_averaged"]
+    # a leaf missing: torch's header and the counts, nothing loaded
+    with pytest.raises(RuntimeError, match=r"(?s)for AveragedModel:.*'module' holds 1 values"):
+        averaged.load_state_dict({"module": [jnp.array([5.0, 6.0])], "n_averaged": 3})
+    assert averaged.module[0].data.tolist() == [3.0, 4.0] and int(averaged.n_averaged) == 2
 
 
 def test_functional_averagers_refuse_other_shapes_and_keep_their_dtype():

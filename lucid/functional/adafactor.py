@@ -92,7 +92,13 @@ def _validate_adafactor(o: dict) -> None:
         o["d"],
         o["weight_decay"],
     )
-    if not isinstance(eps, Sequence) or len(eps) != 2:
+    if not isinstance(eps, Sequence) or isinstance(eps, str | bytes):
+        raise TypeError(
+            "eps must be a pair (eps1, eps2): eps1 a number, or None for the parameter "
+            "dtype's machine epsilon, and eps2 a number, as torch's default (None, 1e-3); "
+            f"but got {type(eps).__name__}: {eps!r}"
+        )
+    if len(eps) != 2:
         raise ValueError(f"eps must be a pair (eps1, eps2), got {eps!r}")
     eps1, eps2 = eps
     if is_number(lr):
@@ -107,6 +113,14 @@ def _validate_adafactor(o: dict) -> None:
         _check(d >= 1.0, f"Clipping threshold d should be >= 1 but is: {d}")
     if is_number(weight_decay):
         _check(weight_decay >= 0.0, f"weight_decay should be >= 0 but is: {weight_decay}")
+
+
+def _as_pair(value: Any) -> Any:
+    """``eps`` as torch keeps it: a list, tuple or 1-d array as a tuple; anything else
+    (``None``, a number) as given, for `_validate_adafactor` to refuse in words."""
+    if isinstance(value, list | tuple) or getattr(value, "ndim", None) == 1:
+        return tuple(value)
+    return value
 
 
 def _split(o: dict) -> tuple[dict, dict]:
@@ -219,7 +233,7 @@ ADAFACTOR_SIGNATURE = Signature(
             "(ε₁, ε₂): the floor of the "
             "second-moment estimate (`None`: the parameter dtype's machine epsilon) and "
             "of the parameter's RMS.",
-            convert=tuple,
+            convert=_as_pair,
         ),
         Arg("d", 1.0, Any, "the clipping threshold of the update's RMS (at least 1)."),
         weight_decay(0.0, decoupled=True),

@@ -20,6 +20,7 @@ promote to, and each gradient is scaled in its opmath dtype (float32 for the
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -68,12 +69,23 @@ def vector_norm(x: Array, norm_type: float) -> Array:
     """`torch.linalg.vector_norm` of `x` flattened, for any order.
 
     As torch's: a bfloat16 or float16 `x` is reduced in float32 and the norm
-    rounded to `x`'s dtype (the real dtype, for a complex `x`)."""
+    rounded to `x`'s dtype (the real dtype, for a complex `x`).
+
+    Raises:
+      RuntimeError: `x` is empty and `norm_type` is infinite or negative (the norm
+        has no value there; torch's error, in its words)."""
     out = _real(x.dtype)
+    if x.size == 0 and (norm_type < 0 or math.isinf(norm_type)):
+        # torch's words (the minimum or maximum of no element, or 0 to a negative power)
+        raise RuntimeError(
+            f"linalg.vector_norm cannot compute the {norm_type:g} norm on an empty tensor "
+            "because the operation does not have an identity: leave the empty arrays out, or "
+            "use a finite norm_type >= 0"
+        )
     x = jnp.ravel(x)
     x = x.astype(opmath(x.dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else x
     if norm_type == float("inf"):
-        norm = max_abs(x) if x.size else jnp.zeros((), out)
+        norm = max_abs(x)
     elif norm_type == float("-inf"):
         norm = min_abs(x)
     elif norm_type == 0:
@@ -104,8 +116,15 @@ def total_norm(tensors: list[Array], norm_type: float) -> Array:
     in torch's order (`by_dtype`): the sum rounds in that order, so every
     caller (a Parameter's own array, a flat buffer's view, a pytree's leaf)
     gets the same total for the same list."""
-    tensors = [tensors[i] for i in by_dtype([t.dtype for t in tensors])]
     norms = [vector_norm(t, norm_type) for t in tensors]
+    return norm_of_norms(norms, [t.dtype for t in tensors], norm_type)
+
+
+def norm_of_norms(norms: list[Array], dtypes: list[Any], norm_type: float) -> Array:
+    """The second half of `total_norm`: the `norm_type`-norm of the tensors' norms
+    (each tensor's dtype in `dtypes`), stacked in torch's order and promoted dtype. For
+    norms taken apart (on several devices, as torch's clipping takes them per device)."""
+    norms = [norms[i] for i in by_dtype(dtypes)]
     dtype = jnp.result_type(*norms)
     return vector_norm(jnp.stack([n.astype(dtype) for n in norms]), norm_type)
 
@@ -160,7 +179,9 @@ def clip_grad_norm(max_norm: float, norm_type: float = 2.0) -> optax.GradientTra
       An optax `GradientTransformation` (stateless: `init` returns
       `optax.EmptyState()`) whose updates are the clipped gradients; its
       `update` raises `NotImplementedError` for a sparse leaf
-      (`jax.experimental.sparse`), as torch's clipping has no sparse kernel.
+      (`jax.experimental.sparse`), as torch's clipping has no sparse kernel,
+      and `RuntimeError` for an empty leaf with an infinite or negative
+      `norm_type` (torch's error: that norm has no value).
 
     Examples:
       >>> import jax.numpy as jnp, lucid.functional as LF

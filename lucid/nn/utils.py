@@ -28,9 +28,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._arrays import is_sparse
 from .._parameter import Parameter
+from .._placement import by_domain, replicated
 from .._storage import by_storage
 from .._trees import boxed_tree_params
 from ..functional import clipping
@@ -81,6 +83,96 @@ def _clipped_by_norm(
 @jax.jit
 def _clamped(grads: list[Array], clip_value: Array) -> list[Array]:
     return [jnp.clip(g, -clip_value.astype(g.dtype), clip_value.astype(g.dtype)) for g in grads]
+
+
+# Gradients on several device domains (a parameter sharded over a mesh, another on one
+# device) cannot meet in one call. torch's clipping groups its tensors by device, takes
+# the norms on each, moves them to the first tensor's device for the total and the
+# coefficient back to each device; so does lucid, in one call per domain. The calls above
+# are tried first: only when they refuse the arrays' placement is it looked at, so one
+# domain (the usual case) costs nothing more.
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _norms(grads: list[Array], layouts: tuple, order: Order, norm_type: float) -> list[Array]:
+    return [clipping.vector_norm(t, norm_type) for t in _tensors(grads, layouts, order)]
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _norm_of_norms(norms: list[Array], dtypes: tuple, norm_type: float) -> Array:
+    return clipping.norm_of_norms(norms, list(dtypes), norm_type)
+
+
+def _total_norm_across(grads: list[Array], layouts: tuple, order: Order, norm_type: float) -> Array:
+    """`_total_norm` over gradients on several device domains: each domain's norms in
+    one call, then the total on the devices of the first tensor listed (torch's)."""
+    groups = by_domain(grads)
+    group_of = {a: g for g, members in enumerate(groups) for a in members}
+    norms: list[Any] = [None] * len(order)
+    for g, members in enumerate(groups):
+        local = {a: k for k, a in enumerate(members)}
+        listed = [i for i, (a, _) in enumerate(order) if group_of[a] == g]
+        if not listed:
+            continue
+        sub = _norms(
+            [grads[a] for a in members],
+            tuple(layouts[a] for a in members),
+            tuple((local[order[i][0]], order[i][1]) for i in listed),
+            norm_type,
+        )
+        for i, norm in zip(listed, sub):
+            norms[i] = norm
+    first = replicated(grads[order[0][0]])
+    dtypes = tuple(np.dtype(grads[a].dtype) for a, _ in order)
+    return _norm_of_norms([jax.device_put(n, first) for n in norms], dtypes, norm_type)
+
+
+def _scaled_across(grads: list[Array], max_norm: Array, total: Array, times: tuple) -> list:
+    """`_scaled` over gradients on several device domains: the total placed on each
+    domain's devices (torch's coefficient `.to(device)`), one call per domain."""
+    out: list[Any] = [None] * len(grads)
+    for members in by_domain(grads):
+        local = [grads[i] for i in members]
+        placed = jax.device_put(total, replicated(local[0]))
+        scaled = _scaled(local, max_norm, placed, tuple(times[i] for i in members))
+        for i, grad in zip(members, scaled):
+            out[i] = grad
+    return out
+
+
+def _norm(grads: list[Array], layouts: tuple, order: Order, norm_type: float) -> Array:
+    """`_total_norm`, across device domains where the gradients span several."""
+    try:
+        return _total_norm(grads, layouts, order, norm_type)
+    except ValueError:
+        if len(by_domain(grads)) < 2:
+            raise
+        return _total_norm_across(grads, layouts, order, norm_type)
+
+
+def _scale(grads: list[Array], max_norm: Array, total: Array, times: tuple) -> list[Array]:
+    """`_scaled`, per device domain where the gradients (or the total) span several."""
+    try:
+        return _scaled(grads, max_norm, total, times)
+    except ValueError:
+        if len(by_domain([*grads, jnp.asarray(total)])) < 2:
+            raise
+        return _scaled_across(grads, max_norm, total, times)
+
+
+def _clamp(grads: list[Array], clip_value: Array) -> list[Array]:
+    """`_clamped`, one call per device domain where the gradients span several."""
+    try:
+        return _clamped(grads, clip_value)
+    except ValueError:
+        groups = by_domain(grads)
+        if len(groups) < 2:
+            raise
+        out: list[Any] = [None] * len(grads)
+        for members in groups:
+            for i, grad in zip(members, _clamped([grads[i] for i in members], clip_value)):
+                out[i] = grad
+        return out
 
 
 def _parameters(parameters: Parameter | Iterable[Parameter]) -> list[Parameter]:
@@ -184,7 +276,9 @@ def get_total_norm(
       $N$, a 0-d array (`0.0` for no tensors).
 
     Raises:
-      RuntimeError: `error_if_nonfinite` and a non-finite total.
+      RuntimeError: `error_if_nonfinite` and a non-finite total; or an empty
+        array with an infinite or negative `norm_type` (torch's error: the
+        norm has no value there).
       NotImplementedError: a sparse array among `tensors` (torch's has no
         sparse kernel either).
 
@@ -201,7 +295,7 @@ def get_total_norm(
         return jnp.asarray(0.0)
     check_dense(arrays, "get_total_norm")
     order = tuple((i, None) for i in range(len(arrays)))
-    total = _total_norm(arrays, (None,) * len(arrays), order, float(norm_type))
+    total = _norm(arrays, (None,) * len(arrays), order, float(norm_type))
     _check_finite(total, norm_type, error_if_nonfinite)
     return total
 
@@ -246,7 +340,7 @@ def clip_grads_with_norm_(
     grads = _Gradients(_parameters(parameters), "clip_grads_with_norm_")
     if grads.arrays:
         total = jnp.asarray(total_norm)
-        grads.write(_scaled(grads.arrays, jnp.asarray(float(max_norm)), total, grads.times))
+        grads.write(_scale(grads.arrays, jnp.asarray(float(max_norm)), total, grads.times))
 
 
 def clip_grad_norm_(
@@ -281,7 +375,9 @@ def clip_grad_norm_(
       gradients), in the dtype the gradients' norms promote to (torch's).
 
     Raises:
-      RuntimeError: `error_if_nonfinite` and a non-finite total norm.
+      RuntimeError: `error_if_nonfinite` and a non-finite total norm; or an
+        empty gradient with an infinite or negative `norm_type` (torch's
+        error); nothing is changed.
       NotImplementedError: a sparse gradient (torch has no sparse kernel
         either); nothing is changed.
 
@@ -299,13 +395,17 @@ def clip_grad_norm_(
         return jnp.asarray(0.0)
     max_norm = jnp.asarray(float(max_norm))
     if error_if_nonfinite:  # torch checks before anything is scaled
-        total = _total_norm(grads.arrays, grads.layouts, grads.order, float(norm_type))
+        total = _norm(grads.arrays, grads.layouts, grads.order, float(norm_type))
         _check_finite(total, norm_type, error_if_nonfinite)
-        grads.write(_scaled(grads.arrays, max_norm, total, grads.times))
+        grads.write(_scale(grads.arrays, max_norm, total, grads.times))
         return total
-    total, scaled = _clipped_by_norm(
-        grads.arrays, max_norm, grads.layouts, grads.order, grads.times, float(norm_type)
-    )
+    try:
+        total, scaled = _clipped_by_norm(
+            grads.arrays, max_norm, grads.layouts, grads.order, grads.times, float(norm_type)
+        )
+    except ValueError:  # gradients on several device domains (else raised again)
+        total = _norm(grads.arrays, grads.layouts, grads.order, float(norm_type))
+        scaled = _scale(grads.arrays, max_norm, total, grads.times)
     grads.write(scaled)
     return total
 
@@ -335,4 +435,4 @@ def clip_grad_value_(
     """
     grads = _Gradients(_parameters(parameters), "clip_grad_value_")
     if grads.arrays:
-        grads.write(_clamped(grads.arrays, jnp.asarray(float(clip_value))))
+        grads.write(_clamp(grads.arrays, jnp.asarray(float(clip_value))))

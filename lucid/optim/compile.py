@@ -27,7 +27,7 @@ import optax
 from .._parameter import Parameter
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
 from ._engine import CompiledBackend
-from ._registry import registered
+from ._registry import entry_of, registered
 from .optimizer import Optimizer
 
 
@@ -274,6 +274,46 @@ def _supported() -> tuple[type, ...]:
     return tuple(entry.cls for entry in registered())
 
 
+# where each reference package's classes live in lucid
+_NAMESPACES = {
+    "torch.optim": "lucid.optim",
+    "bitsandbytes": "lucid.optim.bnb",
+    "torchao": "lucid.optim.torchao",
+    "schedulefree": "lucid.optim.schedulefree",
+}
+
+
+def _unsupported(optimizer: Any) -> str:
+    """The refusal of an optimizer `compile_optimizer` cannot compile: what it got, why,
+    and the classes it compiles, each once, by the package whose numbers they give."""
+    cls = type(optimizer)
+    got = f"{cls.__module__}.{cls.__qualname__}"
+    families = []
+    for reference, namespace in _NAMESPACES.items():
+        names = sorted({entry.name for entry in registered(reference)}, key=str.lower)
+        if names:
+            families.append(f"  {reference} ({namespace}): {', '.join(names)}")
+    bases = [entry_of(base) for base in cls.__mro__[1:] if entry_of(base) is not None]
+    if bases:
+        base = f"{_NAMESPACES[bases[0].reference]}.{bases[0].name}"
+        why = (
+            f"{got} is a subclass of {base}, and a subclass may change step(), which the "
+            f"compiled step would skip: compile a {base} itself, or step "
+            f"{cls.__qualname__} eagerly"
+        )
+    elif cls.__module__.startswith("torch."):
+        why = (
+            f"got {got}, a torch optimizer: build lucid's counterpart (the same name and "
+            "arguments, in the namespace below) over lucid.Parameters"
+        )
+    else:
+        why = f"got {got}, which is not one of lucid's optimizer classes"
+    return (
+        f"compile_optimizer compiles lucid's own optimizer classes; {why}. "
+        "The classes it compiles:\n" + "\n".join(families)
+    )
+
+
 # optimizer -> its CompiledOptimizer, neither kept alive by the other's entry: the
 # wrapper refers to the optimizer, so the value is a weak reference too
 _COMPILED: weakref.WeakKeyDictionary[Optimizer, weakref.ref[CompiledOptimizer]] = (
@@ -350,13 +390,8 @@ def compile_optimizer(
       [0.9, 2.1]
       >>> opt.param_groups[0]["lr"] = 0.01  # a runtime input: no recompilation
     """
-    supported = _supported()
-    if type(optimizer) not in supported:
-        names = ", ".join(sorted(cls.__name__ for cls in supported))
-        raise TypeError(
-            f"compile_optimizer supports lucid.optim's own classes ({names}); "
-            f"got {type(optimizer).__module__}.{type(optimizer).__qualname__}"
-        )
+    if type(optimizer) not in _supported():
+        raise TypeError(_unsupported(optimizer))
     compiled = _compiled_form(optimizer)
     if compiled is not None:
         if shard_state_over != compiled.shard_state_over:

@@ -27,7 +27,7 @@ from .._arrays import is_torch_tensor, torch_to_numpy
 from .._parameter import Parameter
 from .._trees import UNBOXED, named_leaves
 from ..functional.averaging import check_decay, ema_fold, swa_fold, swa_lerp_fold
-from ._schedulers.base import LRScheduler, per_group
+from ._schedulers.base import LRScheduler, param_groups_of, per_group
 
 Array = jax.Array
 MultiAvgFn = Callable[[list[Array], list[Array], Array], list[Array]]
@@ -168,6 +168,11 @@ def _value(leaf: Any) -> Any:
 def _host(value: Any) -> np.ndarray:
     """A state_dict value as NumPy: torch tensors (bfloat16 included) through their bits."""
     return torch_to_numpy(value) if is_torch_tensor(value) else np.asarray(value)
+
+
+def _keys(keys: list[str]) -> str:
+    """State_dict keys as torch's `load_state_dict` lists them: double-quoted."""
+    return ", ".join(f'"{key}"' for key in keys)
 
 
 def _fitted(value: Any, like: Array, where: str, what: str) -> Array:
@@ -476,7 +481,9 @@ class AveragedModel:
             saved_list = list(state_dict["module"])
             if len(saved_list) != len(leaves):
                 raise RuntimeError(
-                    f"expected {len(leaves)} leaves, the state_dict has {len(saved_list)}"
+                    "Error(s) in loading state_dict for AveragedModel:\n\tthe positional "
+                    f"state_dict's 'module' holds {len(saved_list)} values, the averaged "
+                    f"model has {len(leaves)} leaves."
                 )
             saved = {
                 key: saved_list[i] for key, i in entries.items()
@@ -487,10 +494,11 @@ class AveragedModel:
         errors = []
         missing = [k for k in ["n_averaged", *entries] if k not in saved]
         unexpected = [k for k in saved if k != "n_averaged" and k not in entries]
+        # torch's words (`nn.Module.load_state_dict`), a shape shown as a tuple
         if missing:
-            errors.append(f"Missing key(s) in state_dict: {', '.join(map(repr, missing))}.")
+            errors.append(f"Missing key(s) in state_dict: {_keys(missing)}. ")
         if unexpected:
-            errors.append(f"Unexpected key(s) in state_dict: {', '.join(map(repr, unexpected))}.")
+            errors.append(f"Unexpected key(s) in state_dict: {_keys(unexpected)}. ")
         values: dict[int, Array] = {}
         for key, i in entries.items():
             if key not in saved:
@@ -499,8 +507,8 @@ class AveragedModel:
             like = _value(leaves[i])
             if value.shape != tuple(like.shape):
                 errors.append(
-                    f"size mismatch for {key}: copying a value of shape {value.shape} from "
-                    f"the state_dict, the shape in the averaged model is {tuple(like.shape)}."
+                    f"size mismatch for {key}: copying a param with shape {value.shape} from "
+                    f"checkpoint, the shape in current model is {tuple(like.shape)}."
                 )
                 continue
             values[i] = jnp.asarray(value).astype(like.dtype)
@@ -585,6 +593,7 @@ class SWALR(LRScheduler):
         anneal_strategy: Literal["cos", "linear"] = "cos",
         last_epoch: int = -1,
     ) -> None:
+        param_groups_of(optimizer, "SWALR")  # torch's AttributeError for anything else
         swa_lrs = per_group("swa_lr", optimizer, swa_lr)
         for value, group in zip(swa_lrs, optimizer.param_groups):
             group["swa_lr"] = value

@@ -234,6 +234,7 @@ class CompiledBackend:
         as it was. With ``accumulate=N``, N backwards of ``loss / N``, one per
         micro-batch (torch's accumulation loop)."""
         from ..._backward import backward, parameters_in
+        from ..._placement import on_one_domain
 
         params = [p for params in self._params for p in params]
         # every Parameter the loss sees keeps its .grad (only ours are updated)
@@ -266,8 +267,9 @@ class CompiledBackend:
             if grad_transform is not None:
                 stepped = [p for p in params if p.grad is not None]
                 grads = [p.grad for p in stepped]
-                new, transform_state = grad_transform.update(
-                    grads, transform_state, [p.data for p in stepped]
+                # gradients on several device domains meet on one (lucid._placement)
+                new, transform_state = on_one_domain(
+                    grad_transform.update, grads, transform_state, [p.data for p in stepped]
                 )
                 for p, grad in zip(stepped, checked_gradients(new, grads)):
                     p.grad = grad

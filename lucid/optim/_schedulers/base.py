@@ -26,6 +26,7 @@ wrapped `step` does).
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -49,11 +50,72 @@ ORDER_WARNING = (
 )
 
 
-def check_optimizer(optimizer: Any) -> None:
+# lucid.functional.schedules' name of each scheduler whose name is not its class's in
+# snake case
+_FUNCTIONAL_NAMES = {
+    "SequentialLR": "sequential",
+    "ChainedScheduler": "chained",
+    "NoamScheduler": "noam",
+}
+
+
+def _is_optax(value: Any) -> bool:
+    """An optax transform (lucid.functional's are optax's), or a function making one."""
+    if callable(getattr(value, "init", None)) and callable(getattr(value, "update", None)):
+        return True
+    module = getattr(value, "__module__", None) or ""
+    return callable(value) and (module.startswith(("optax.", "lucid.functional.")))
+
+
+def schedule_hint(optimizer: Any, scheduler: str) -> str:
+    """For an optax transform given where an optimizer belongs: the pointer to the
+    scheduler's counterpart in `lucid.functional.schedules`; `""` otherwise."""
+    if not _is_optax(optimizer):
+        return ""
+    from ...functional import schedules
+
+    name = (
+        _FUNCTIONAL_NAMES.get(scheduler)
+        or re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", scheduler).lower()
+    )
+    where = "lucid.functional.schedules"
+    if name == "reduce_lr_on_plateau":
+        fix = (
+            f"its counterpart, {where}.reduce_lr_on_plateau(...), is a state machine: "
+            "update it with the metric after each evaluation and give the transform its "
+            "state.lr (the Schedules page shows how)"
+        )
+    else:
+        example = f"{name}(base_lr, ...)" if name in schedules.__all__ else "step_lr(1e-3, 30)"
+        fix = (
+            f"an optax transform, lucid.functional's included, takes a schedule of {where} "
+            f"as its lr, e.g. `lucid.functional.adam(lr={where}.{example})`"
+        )
+    return (
+        f": {scheduler} schedules a lucid.optim optimizer (it writes the lr into its "
+        f"param_groups, as torch's does), but got an optax transform (or what makes one); {fix}"
+    )
+
+
+def check_optimizer(optimizer: Any, scheduler: str) -> None:
     """torch's `TypeError` for something that is not an optimizer (here: has no
-    `param_groups`)."""
+    `param_groups`), pointing an optax transform to `lucid.functional.schedules`."""
     if not hasattr(optimizer, "param_groups"):
-        raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
+        raise TypeError(
+            f"{type(optimizer).__name__} is not an Optimizer{schedule_hint(optimizer, scheduler)}"
+        )
+
+
+def param_groups_of(optimizer: Any, scheduler: str) -> list[dict]:
+    """`optimizer.param_groups`, read where torch's scheduler reads it before any check
+    (its `AttributeError` for something else, pointing an optax transform to
+    `lucid.functional.schedules`)."""
+    if not hasattr(optimizer, "param_groups"):
+        raise AttributeError(
+            f"'{type(optimizer).__name__}' object has no attribute 'param_groups'"
+            f"{schedule_hint(optimizer, scheduler)}"
+        )
+    return optimizer.param_groups
 
 
 def per_group(name: str, optimizer: Any, value: Any) -> list[Any]:
@@ -161,7 +223,7 @@ class LRScheduler:
     _is_initial: bool = False
 
     def __init__(self, optimizer: Any, last_epoch: int = -1) -> None:
-        check_optimizer(optimizer)
+        check_optimizer(optimizer, type(self).__name__)
         self.optimizer = optimizer
         if last_epoch == -1:
             for group in optimizer.param_groups:

@@ -128,7 +128,7 @@ class CyclicLR(LRScheduler):
         max_momentum: float = 0.9,
         last_epoch: int = -1,
     ) -> None:
-        check_optimizer(optimizer)
+        check_optimizer(optimizer, type(self).__name__)
         # every check first (torch's order), so a bad argument changes nothing
         base_lrs = per_group("base_lr", optimizer, base_lr)
         max_lrs = per_group("max_lr", optimizer, max_lr)
@@ -335,7 +335,7 @@ class OneCycleLR(LRScheduler):
         three_phase: bool = False,
         last_epoch: int = -1,
     ) -> None:
-        check_optimizer(optimizer)
+        check_optimizer(optimizer, type(self).__name__)
         # every check first (torch's order), so a bad argument changes nothing
         total = one_cycle_formulas.total_steps_of(total_steps, epochs, steps_per_epoch)
         one_cycle_formulas.validate_one_cycle(pct_start, anneal_strategy)

@@ -17,7 +17,7 @@ from typing import Any
 
 from lucid.functional.schedules import decay as formulas
 
-from .base import LRScheduler
+from .base import LRScheduler, param_groups_of
 
 
 class StepLR(LRScheduler):
@@ -371,8 +371,8 @@ class PolynomialLR(LRScheduler):
         ]
 
 
-def _lambdas(optimizer: Any, lr_lambda: Any) -> list[Callable[[int], float]]:
-    groups = len(optimizer.param_groups)
+def _lambdas(optimizer: Any, lr_lambda: Any, scheduler: str) -> list[Callable[[int], float]]:
+    groups = len(param_groups_of(optimizer, scheduler))
     if not isinstance(lr_lambda, (list, tuple)):
         return [lr_lambda] * groups
     if len(lr_lambda) != groups:
@@ -453,7 +453,7 @@ class LambdaLR(_LambdaStateMixin, LRScheduler):
 
     def __init__(self, optimizer: Any, lr_lambda: Any, last_epoch: int = -1) -> None:
         self.optimizer = optimizer
-        self.lr_lambdas = _lambdas(optimizer, lr_lambda)
+        self.lr_lambdas = _lambdas(optimizer, lr_lambda, type(self).__name__)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[Any]:
@@ -502,7 +502,7 @@ class MultiplicativeLR(_LambdaStateMixin, LRScheduler):
 
     def __init__(self, optimizer: Any, lr_lambda: Any, last_epoch: int = -1) -> None:
         self.optimizer = optimizer
-        self.lr_lambdas = _lambdas(optimizer, lr_lambda)
+        self.lr_lambdas = _lambdas(optimizer, lr_lambda, type(self).__name__)
         for fn in self.lr_lambdas:
             if not callable(fn):
                 raise TypeError(f"lr_lambda should be a function, but got {type(fn).__name__}")

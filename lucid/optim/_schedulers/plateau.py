@@ -107,7 +107,7 @@ class ReduceLROnPlateau(LRScheduler):
     ) -> None:
         if factor >= 1.0:
             raise ValueError("Factor should be < 1.0.")
-        check_optimizer(optimizer)
+        check_optimizer(optimizer, type(self).__name__)
         groups = len(optimizer.param_groups)
         if isinstance(min_lr, (list, tuple)) and len(min_lr) != groups:
             raise ValueError(f"expected {groups} min_lrs, got {len(min_lr)}")
