@@ -58,7 +58,11 @@ class ASGDState(NamedTuple):
 
 
 def _validate_asgd(o: dict) -> None:
+    """torch 2.15's checks, in its order: ``lr``, ``lambd``, ``alpha``, ``weight_decay``
+    (torch 2.13 checked neither ``lambd`` nor ``alpha``)."""
     _validate.common(o, "ASGD")
+    _validate.non_negative(o["lambd"], "lambd value")
+    _validate.non_negative(o["alpha"], "alpha value")
     _validate.non_negative(o["weight_decay"], "weight_decay value")
 
 
