@@ -225,18 +225,22 @@ def test_maximize_is_torch_213_minimizing_the_negated_closure(problem, options):
     tparams, topt, tlosses = _run_torch(problem, options, steps=3)
     rtol = _tolerance(problem, options, tparams, tlosses)
 
-    def run(loss_fn, **extra):
+    def run(maximize):
         params = {k: lucid.Parameter(jnp.asarray(v, jnp.float64)) for k, v in init.items()}
-        opt = lucid.optim.LBFGS(list(params.values()), **options, **extra)
+        opt = lucid.optim.LBFGS(list(params.values()), **options, maximize=maximize)
 
-        def closure():
-            opt.zero_grad()
-            return lucid.backward(loss_fn, params)
+        def closure():  # -f and its gradient, negated exactly (XLA's program for the
+            opt.zero_grad()  # gradient of -f may round differently from f's)
+            loss = lucid.backward(loss_jax, params)
+            if maximize:
+                for p in params.values():
+                    p.grad = -p.grad
+            return -loss if maximize else loss
 
         return params, opt, [float(opt.step(closure)) for _ in range(3)]
 
-    params, opt, losses = run(lambda p: -loss_jax(p), maximize=True)
-    mparams, mopt, mlosses = run(loss_jax)
+    params, opt, losses = run(maximize=True)
+    mparams, mopt, mlosses = run(maximize=False)
     assert losses == [-loss for loss in mlosses]  # the closure's own values
     for k in params:
         np.testing.assert_array_equal(np.asarray(params[k].data), np.asarray(mparams[k].data))
