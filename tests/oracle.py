@@ -9,7 +9,8 @@ gradient implementations.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -137,12 +138,31 @@ def error_of(make: Callable[[], Any]) -> tuple[type, str] | None:
     return None
 
 
-def assert_signature_is_torchs(cls: type, torch_cls: type, factory: Callable) -> None:
-    """The class's and the functional factory's keywords, kinds and defaults are torch's."""
-    import inspect
+# Keywords torch 2.15 added to a constructor that torch 2.13 (the oracle) lacks, each
+# appended to the end of 2.13's signature as (kind, default); lucid follows 2.15
+# (docs/optimizers/index.md, "torch 2.15").
+TORCH_215_KEYWORDS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "LBFGS": {"maximize": (inspect.Parameter.KEYWORD_ONLY, False)},
+}
 
+
+def torch_215_parameters(name: str, theirs: Mapping[str, Any]) -> dict[str, Any]:
+    """torch 2.13's signature ``theirs`` (``inspect`` parameters) with torch 2.15's
+    added keywords of optimizer ``name`` appended: the signature lucid must have."""
+    expected = dict(theirs)
+    for keyword, (kind, default) in TORCH_215_KEYWORDS.get(name, {}).items():
+        assert keyword not in expected, f"torch has {name}'s {keyword} now: drop it here"
+        expected[keyword] = inspect.Parameter(keyword, kind, default=default)
+    return expected
+
+
+def assert_signature_is_torchs(cls: type, torch_cls: type, factory: Callable) -> None:
+    """The class's and the functional factory's keywords, kinds and defaults are torch's
+    (torch 2.13's, with the keywords torch 2.15 added)."""
     ours = inspect.signature(cls.__init__).parameters
-    theirs = inspect.signature(torch_cls.__init__).parameters
+    theirs = torch_215_parameters(
+        torch_cls.__name__, inspect.signature(torch_cls.__init__).parameters
+    )
     fn = inspect.signature(factory).parameters
     assert list(ours) == list(theirs)
     for name in theirs:

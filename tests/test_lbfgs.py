@@ -84,6 +84,21 @@ CONFIGS = [
 ]
 
 
+def _tolerance(problem, options, tparams, tlosses):
+    """10x torch's own sensitivity over three steps (its start moved by 1e-15), at least
+    1e-9: how far two correct runs of the same iterates may part."""
+    moved, _, moved_losses = _run_torch(problem, options, steps=3, scale=1 + 1e-15)
+    sensitivity = max(
+        np.max(np.abs(moved[k].detach().numpy() - tparams[k].detach().numpy()))
+        / np.max(np.abs(tparams[k].detach().numpy()))
+        for k in tparams
+    )
+    sensitivity = max(
+        sensitivity, np.max(np.abs(np.subtract(moved_losses, tlosses)) / np.abs(tlosses))
+    )
+    return max(1e-9, 10 * sensitivity)
+
+
 @pytest.mark.parametrize("problem", sorted(PROBLEMS))
 @pytest.mark.parametrize(
     "options", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults"
@@ -95,16 +110,7 @@ def test_lbfgs_matches_torchs_iterates_and_returned_losses(problem, options):
     # here, and never more permissive than that or tighter than 1e-9.
     tparams, topt, tlosses = _run_torch(problem, options, steps=3)
     params, opt, losses = _run_lucid(problem, options, steps=3)
-    moved, _, moved_losses = _run_torch(problem, options, steps=3, scale=1 + 1e-15)
-    sensitivity = max(
-        np.max(np.abs(moved[k].detach().numpy() - tparams[k].detach().numpy()))
-        / np.max(np.abs(tparams[k].detach().numpy()))
-        for k in tparams
-    )
-    sensitivity = max(
-        sensitivity, np.max(np.abs(np.subtract(moved_losses, tlosses)) / np.abs(tlosses))
-    )
-    rtol = max(1e-9, 10 * sensitivity)
+    rtol = _tolerance(problem, options, tparams, tlosses)
     np.testing.assert_allclose(losses, tlosses, rtol=rtol)
     for k in tparams:
         chex.assert_trees_all_close(
@@ -201,3 +207,81 @@ def test_a_nan_gradient_of_4096_entries_is_not_convergence_as_in_torch(line_sear
     expected = t.detach().numpy()
     assert np.isnan(expected).any()  # torch stepped
     np.testing.assert_array_equal(np.asarray(p.data), expected)
+
+
+# ------------------------------------------- torch 2.15: where lucid follows it
+
+
+@pytest.mark.parametrize("problem", sorted(PROBLEMS))
+@pytest.mark.parametrize("options", CONFIGS[:4], ids=["defaults", "wolfe", "short", "wolfe-short"])
+def test_maximize_is_torch_213_minimizing_the_negated_closure(problem, options):
+    """torch 2.15's ``maximize=True`` negates the gradient and every loss the algorithm
+    reads; torch 2.13 computes the same by minimizing the negated closure. Maximizing
+    ``-f`` (lucid) is then minimizing ``f`` (torch 2.13): the same iterates and state
+    (``prev_loss`` holds the negated loss, ``f``), while ``step`` returns the closure's
+    own value, ``-f``. Negation is exact, so lucid must equal its own minimization of
+    ``f`` bit for bit, and torch to the tolerance of the test above."""
+    loss_jax, _, init = PROBLEMS[problem]
+    tparams, topt, tlosses = _run_torch(problem, options, steps=3)
+    rtol = _tolerance(problem, options, tparams, tlosses)
+
+    def run(maximize):
+        params = {k: lucid.Parameter(jnp.asarray(v, jnp.float64)) for k, v in init.items()}
+        opt = lucid.optim.LBFGS(list(params.values()), **options, maximize=maximize)
+
+        def closure():  # -f and its gradient, negated exactly (XLA's program for the
+            opt.zero_grad()  # gradient of -f may round differently from f's)
+            loss = lucid.backward(loss_jax, params)
+            if maximize:
+                for p in params.values():
+                    p.grad = -p.grad
+            return -loss if maximize else loss
+
+        return params, opt, [float(opt.step(closure)) for _ in range(3)]
+
+    params, opt, losses = run(maximize=True)
+    mparams, mopt, mlosses = run(maximize=False)
+    assert losses == [-loss for loss in mlosses]  # the closure's own values
+    for k in params:
+        np.testing.assert_array_equal(np.asarray(params[k].data), np.asarray(mparams[k].data))
+    np.testing.assert_allclose(losses, [-loss for loss in tlosses], rtol=rtol)
+    for k in tparams:
+        chex.assert_trees_all_close(
+            params[k].data, tparams[k].detach().numpy(), rtol=rtol, atol=1e-12
+        )
+    state, tstate = opt.state_dict()["state"][0], topt.state_dict()["state"][0]
+    assert set(state) == set(tstate)
+    assert state["n_iter"] == tstate["n_iter"] and state["func_evals"] == tstate["func_evals"]
+    # near a minimum the loss is ~0: its error on the scale of the first loss
+    np.testing.assert_allclose(
+        float(state["prev_loss"]), float(tstate["prev_loss"]), rtol=rtol, atol=rtol * tlosses[0]
+    )
+    assert float(state["prev_loss"]) == float(mopt.state_dict()["state"][0]["prev_loss"])
+    group, tgroup = opt.state_dict()["param_groups"][0], topt.state_dict()["param_groups"][0]
+    assert group == {**tgroup, "maximize": True}  # the key torch 2.13's groups lack
+
+
+def test_maximize_is_keyword_only_and_in_the_groups():
+    p = lucid.Parameter(jnp.ones(2))
+    assert lucid.optim.LBFGS([p]).param_groups[0]["maximize"] is False
+    with pytest.raises(TypeError):
+        lucid.optim.LBFGS([p], 1, 20, None, 1e-7, 1e-9, 100, None, True)
+    with pytest.raises(TypeError, match="maximize"):  # torch 2.13 has no maximize
+        torch.optim.LBFGS([torch.ones(2, requires_grad=True)], maximize=True)
+
+
+def test_an_empty_group_returns_the_closures_loss_as_torch_215():
+    """torch 2.15 calls the closure once and returns its loss; torch 2.13 fails
+    (``IndexError``: its state lives on the first parameter)."""
+    topt = torch.optim.LBFGS([{"params": []}])
+    with pytest.raises(IndexError):
+        topt.step(lambda: torch.tensor(3.5))
+    opt = lucid.optim.LBFGS([{"params": []}])
+    calls = []
+
+    def closure():
+        calls.append(1)
+        return jnp.asarray(3.5)
+
+    assert float(opt.step(closure)) == 3.5 and calls == [1]
+    assert not opt.state_dict()["state"]

@@ -9,6 +9,7 @@ jax.grad). torch is the oracle for the constructor (signature, validation).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import chex
 import jax
@@ -17,8 +18,9 @@ import numpy as np
 import optax
 import pytest
 import torch
-from oracle import F32_RTOL_FLOOR, relative_error
+from oracle import F32_RTOL_FLOOR, relative_error, torch_215_parameters
 
+import lucid
 from lucid.functional.lbfgs import LBFGSState, lbfgs
 
 STEPS = 8
@@ -74,10 +76,14 @@ def reference(lr: float, steps: int, dtype: type = np.float64) -> list[dict]:
 
 
 def run_lucid(
-    tx: optax.GradientTransformation, steps: int, dtype: str = "float64", jit: bool = True
+    tx: optax.GradientTransformation,
+    steps: int,
+    dtype: str = "float64",
+    jit: bool = True,
+    loss: Callable = loss_jax,
 ) -> tuple[list[dict], LBFGSState]:
     def step(params, state):
-        updates, state = tx.update(jax.grad(loss_jax)(params), state, params)
+        updates, state = tx.update(jax.grad(loss)(params), state, params)
         return optax.apply_updates(params, updates), state
 
     if jit:
@@ -104,6 +110,42 @@ def test_float64_matches_the_numpy_reference_at_every_step(lr):
     chex.assert_trees_all_close(state.prev_param, actual[-2], rtol=1e-12)
     last_grad = _unflat(grad_numpy(np.concatenate(_flat(actual[-2]))))
     chex.assert_trees_all_close(state.prev_grad, last_grad, rtol=1e-10)
+
+
+def test_maximize_ascends_the_negated_loss_along_the_references_iterates():
+    """torch 2.15's ``maximize`` (the keyword lucid's LBFGS takes): the gradient negated
+    first, so maximizing ``-f`` is the reference's minimization of ``f``; the state holds
+    the negated gradient, as torch's ``prev_flat_grad`` does."""
+    expected = reference(1.0, STEPS)
+    actual, state = run_lucid(lbfgs(maximize=True), STEPS, loss=lambda p: -loss_jax(p))
+    for step, (ours, theirs) in enumerate(zip(actual, expected, strict=True)):
+        for key in SHAPES:
+            assert relative_error(ours[key], theirs[key]) <= 1e-10, (step, key)
+    last_grad = _unflat(grad_numpy(np.concatenate(_flat(actual[-2]))))
+    chex.assert_trees_all_close(state.prev_grad, last_grad, rtol=1e-10)
+
+
+def test_the_compiled_lbfgs_step_maximizes_as_the_transform():
+    """The compiled LBFGS (the closure-less step) reads ``maximize`` from its group."""
+    grads = [jnp.asarray(v) * 0.5 for v in _INIT.values()]
+    out = {}
+    for maximize in (False, True):
+        params = [lucid.Parameter(jnp.asarray(v)) for v in _INIT.values()]
+        opt = lucid.optim.LBFGS(params, lr=0.5, maximize=maximize)
+        compiled = lucid.compile_optimizer(opt)
+        for _ in range(3):
+            for p, g in zip(params, grads):
+                p.grad = -g if maximize else g
+            compiled.step()
+        out[maximize] = [np.asarray(p.data) for p in params]
+    tx, params = lbfgs(lr=0.5), {k: jnp.asarray(v) for k, v in _INIT.items()}
+    state = tx.init(params)
+    for _ in range(3):
+        updates, state = tx.update(dict(zip(_INIT, grads)), state, params)
+        params = optax.apply_updates(params, updates)
+    for ours, theirs, expected in zip(out[True], out[False], params.values()):
+        np.testing.assert_array_equal(ours, theirs)
+        np.testing.assert_allclose(ours, np.asarray(expected), rtol=1e-12)
 
 
 def test_the_problem_reaches_the_clip_bound():
@@ -201,8 +243,10 @@ def test_the_full_algorithms_options_are_accepted_and_ignored():
 
 
 def test_signature_is_torchs():
+    """torch 2.13's keywords, and torch 2.15's keyword-only ``maximize``."""
     ours = inspect.signature(lbfgs).parameters
-    theirs = dict(inspect.signature(torch.optim.LBFGS.__init__).parameters)
+    theirs = torch_215_parameters("LBFGS", inspect.signature(torch.optim.LBFGS.__init__).parameters)
+    assert list(theirs)[-1] == "maximize"
     del theirs["self"], theirs["params"]
     assert list(ours) == list(theirs)
     for name, parameter in theirs.items():

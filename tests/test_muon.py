@@ -29,6 +29,7 @@ trajectory cannot agree to 1e-10. The tests split it:
 from __future__ import annotations
 
 import inspect
+import math
 
 import chex
 import jax
@@ -409,3 +410,136 @@ def test_the_rule_is_not_elementwise_and_each_matrix_is_its_own_bucket():
     opt.step()
     buckets = opt.backend._buckets
     assert len(buckets) == 2 and all(not b.store.flat for b in buckets)
+
+
+# ------------------------------------------- torch 2.15: where lucid follows it
+
+
+def _torch_ns_copying():
+    """torch 2.13's ``_zeropower_via_newtonschulz`` with ``.bfloat16()`` ->
+    ``.bfloat16().clone()``: torch 2.15's ``grad.to(dtype=torch.bfloat16, copy=True)``, the
+    one change 2.15 made to the iteration (the same computation in torch 2.13's code)."""
+    source = inspect.getsource(torch_muon._zeropower_via_newtonschulz)
+    assert source.count(".bfloat16()") == 1, "torch's NS changed: revisit this oracle"
+    namespace = dict(vars(torch_muon))
+    exec(source.replace(".bfloat16()", ".bfloat16().clone()"), namespace)
+    return namespace["_zeropower_via_newtonschulz"]
+
+
+TORCH_NS_COPYING = _torch_ns_copying()
+
+
+def _bf16_grads(shape, steps, seed):
+    """Gradients that bfloat16 holds exactly, as float32 arrays (the same values reach
+    torch and jax without a second rounding)."""
+    rng = np.random.default_rng(seed)
+    return [
+        torch.tensor(rng.normal(size=shape), dtype=torch.bfloat16).float().numpy()
+        for _ in range(steps)
+    ]
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (3, 5)], ids=["tall", "wide"])
+def test_bfloat16_buffer_without_nesterov_is_not_rescaled_as_in_torch_215(shape, monkeypatch):
+    """torch 2.13 divides a bfloat16 buffer by its norm in place when ``nesterov=False``
+    (``.bfloat16()`` of a bfloat16 tensor is no copy); torch 2.15 copies first. The
+    oracle is torch 2.13 with that one copy added. The gradients are fixed, so the buffer
+    does not depend on the parameters: it must be torch's bit for bit; the parameters,
+    which torch rounds to bfloat16 twice a step (decay, then update) and lucid once,
+    within 2 bfloat16 ulps of their largest entry per step."""
+    steps, options = 6, {"lr": 0.02, "nesterov": False, "weight_decay": 0.1}
+    init = _bf16_grads(shape, 1, 1)[0]
+    grads = _bf16_grads(shape, steps, 2)
+
+    def torch_run():
+        p = torch.tensor(init, dtype=torch.bfloat16, requires_grad=True)
+        opt = torch.optim.Muon([p], **options)
+        for g in grads:
+            p.grad = torch.tensor(g, dtype=torch.bfloat16)
+            opt.step()
+        return p.detach().float().numpy(), opt.state[p]["momentum_buffer"].float().numpy()
+
+    aliased = torch_run()
+    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz", TORCH_NS_COPYING)
+    expected_p, expected_buf = torch_run()
+    # the difference is real: torch 2.13's own buffer is another one (unit Frobenius norm)
+    assert np.abs(aliased[1] - expected_buf).max() > 0.1
+    np.testing.assert_allclose(np.linalg.norm(aliased[1]), 1.0, rtol=2e-2)
+
+    results = {}
+    for form in ("eager", "compiled"):
+        w = lucid.Parameter(jnp.asarray(init).astype(jnp.bfloat16))
+        opt = lucid.optim.Muon([w], **options)
+        if form == "compiled":
+            lucid.compile_optimizer(opt)
+        for g in grads:
+            w.grad = jnp.asarray(g).astype(jnp.bfloat16)
+            opt.step()
+        results[form] = (w.data, opt.state[w]["momentum_buffer"])
+    tx = muon(**options)
+    params = {"w": jnp.asarray(init).astype(jnp.bfloat16)}
+    state = tx.init(params)
+    for g in grads:
+        updates, state = tx.update({"w": jnp.asarray(g).astype(jnp.bfloat16)}, state, params)
+        params = optax.apply_updates(params, updates)
+    results["functional"] = (params["w"], state.momentum_buffer["w"])
+
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(expected_p).max())) - 7)
+    for form, (value, buf) in results.items():
+        assert value.dtype == buf.dtype == jnp.bfloat16, form
+        np.testing.assert_array_equal(np.asarray(buf.astype(jnp.float32)), expected_buf)
+        error = np.abs(np.asarray(value.astype(jnp.float32)) - expected_p).max()
+        assert error <= steps * 2 * ulp, (form, error)
+
+
+def test_spectral_unclamped_is_refused_by_torch_213_and_taken_as_torch_215():
+    make = {
+        "torch": lambda: torch.optim.Muon(
+            [torch.zeros(2, 4, requires_grad=True)], adjust_lr_fn="spectral_unclamped"
+        ),
+        "lucid": lambda: lucid.optim.Muon(
+            [lucid.Parameter(jnp.zeros((2, 4)))], adjust_lr_fn="spectral_unclamped"
+        ),
+        "functional": lambda: muon(adjust_lr_fn="spectral_unclamped"),
+    }
+    assert error_of(make["torch"]) is not None  # a torch 2.15 name
+    assert error_of(make["lucid"]) is None and error_of(make["functional"]) is None
+    assert lr_ratio("spectral_unclamped", (4, 16)) < lr_ratio("original", (4, 16))
+
+
+@pytest.mark.parametrize("form", ["functional", "eager", "compiled"])
+def test_spectral_unclamped_is_torch_213s_muon_with_the_lr_scaled_by_hand(form, float64_ns):
+    """torch 2.15's ``'spectral_unclamped'`` scales the update's lr by ``sqrt(A/B)`` and
+    leaves the decay's lr alone. torch 2.13 computes the same with ``'original'``
+    (``sqrt(max(1, A/B))``), one group per matrix, ``lr`` multiplied by
+    ``sqrt(A/B) / sqrt(max(1, A/B))`` and ``weight_decay`` divided by it."""
+    options = {"lr": 0.02, "weight_decay": 0.1}
+    scales = {}
+    with torch_default_dtype(torch.float64):
+        tparams = {k: torch.tensor(v, requires_grad=True) for k, v in _problem().items()}
+        groups = []
+        for key, p in tparams.items():
+            rows, cols = p.shape
+            scales[key] = math.sqrt(rows / cols) / torch_muon._adjust_lr(1.0, "original", p.shape)
+            groups.append(
+                {
+                    "params": [p],
+                    "lr": options["lr"] * scales[key],
+                    "weight_decay": options["weight_decay"] / scales[key],
+                }
+            )
+        topt = torch.optim.Muon(groups, adjust_lr_fn="original")
+        for _ in range(STEPS):
+            topt.zero_grad()
+            _loss_torch(tparams).backward()
+            topt.step()
+    expected = {k: v.detach().numpy() for k, v in tparams.items()}
+    assert scales["a"] == 1.0 and scales["c"] < 0.8  # the tall matrix as 'original'; the wide not
+
+    ours = {**options, "adjust_lr_fn": "spectral_unclamped"}
+    if form == "functional":
+        defaults = {k: v.default for k, v in inspect.signature(muon).parameters.items()}
+        actual, _ = _run_functional(transform(MUON_F64, {**defaults, **ours}), "float64")
+    else:
+        actual, _ = _run_shell(ours, "float64", compile_at=0 if form == "compiled" else None)
+    _assert_close(actual, expected, F64_RTOL)

@@ -45,6 +45,7 @@ MODULES = [
     "lucid.optim.lr_scheduler",
     "lucid.optim.swa_utils",
     "lucid.optim.checkpoint",
+    "lucid.optim.functional",
     "lucid.optim.bnb",
     "lucid.optim.schedulefree",
     "lucid.functional",

@@ -297,15 +297,25 @@ def betas(
     default: tuple[Any, Any] = (0.9, 0.999),
     meaning: str = "(β₁, β₂): decay rates of the averages of the gradient (m) and of its "
     "square (v).",
+    *,
+    first_two: bool = False,
 ) -> Arg:
-    """``betas``: the two averaging coefficients (Adam's by default), stored as a tuple."""
-    return Arg(
-        "betas",
-        default,
-        tuple[Any, Any],
-        meaning,
-        convert=lambda value: tuple(value) if isinstance(value, list | tuple) else value,
-    )
+    """``betas``: the two averaging coefficients (Adam's by default), stored as a tuple.
+
+    With ``first_two`` (torch 2.15's Adam and AdamW), a longer tuple or list keeps its
+    first two entries; torch 2.13 stored it whole and failed at the first step."""
+    if first_two:
+        meaning += (
+            " A longer tuple or list gives its first two entries (torch 2.15; torch 2.13 kept "
+            "it whole and failed at the first step)."
+        )
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            return value
+        return tuple(value[:2]) if first_two else tuple(value)
+
+    return Arg("betas", default, tuple[Any, Any], meaning, convert=convert)
 
 
 def eps(default: Any, where: str) -> Arg:

@@ -175,13 +175,14 @@ def flushed(options: Mapping[str, Any], name: str, guarded: Iterable[str] = ()) 
                     "float32 arithmetic lucid computes with 0 where torch "
                     f"computes with {number!r}",
                     UserWarning,
-                    stacklevel=_caller_outside_lucid(),
+                    stacklevel=caller_outside_lucid(),
                 )
 
 
-def _caller_outside_lucid() -> int:
-    """The ``stacklevel`` (seen from ``flushed``) of the first frame outside the lucid
-    package: the user's line that made the transform, optimizer or group."""
+def caller_outside_lucid() -> int:
+    """The ``stacklevel`` (seen from the function that calls this one and then
+    ``warnings.warn``) of the first frame outside the lucid package: the user's line that
+    made the transform, optimizer or group."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     here = inspect.currentframe()
     frame, level = (here.f_back if here is not None else None), 1  # flushed's frame

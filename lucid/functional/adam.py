@@ -128,7 +128,7 @@ AMSGRAD = Arg(
 ADAM_SIGNATURE = Signature(
     (
         lr(1e-3),
-        betas(),
+        betas(first_two=True),
         eps(1e-8, "to √v after its bias correction"),
         weight_decay(0, decoupled=None),
         AMSGRAD,
@@ -145,7 +145,7 @@ ADAM_SIGNATURE = Signature(
 ADAMW_SIGNATURE = Signature(
     (
         lr(1e-3),
-        betas(),
+        betas(first_two=True),
         eps(1e-8, "to √v after its bias correction"),
         weight_decay(1e-2, decoupled=True),
         AMSGRAD,

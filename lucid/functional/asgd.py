@@ -58,7 +58,11 @@ class ASGDState(NamedTuple):
 
 
 def _validate_asgd(o: dict) -> None:
+    """torch 2.15's checks, in its order: ``lr``, ``lambd``, ``alpha``, ``weight_decay``
+    (torch 2.13 checked neither ``lambd`` nor ``alpha``)."""
     _validate.common(o, "ASGD")
+    _validate.non_negative(o["lambd"], "lambd value")
+    _validate.non_negative(o["alpha"], "alpha value")
     _validate.non_negative(o["weight_decay"], "weight_decay value")
 
 
@@ -123,9 +127,16 @@ ASGD_SIGNATURE = Signature(
             1e-4,
             Any,
             "λ: decay term; each step scales the parameter by "
-            "`1 - λ η` and the step size `η` decays as `γ / (1 + λ γ t)^α`.",
+            "`1 - λ η` and the step size `η` decays as `γ / (1 + λ γ t)^α`. At least 0 "
+            "(torch 2.15's check; torch 2.13 took any value).",
         ),
-        Arg("alpha", 0.75, Any, "α: power of the step size's decay."),
+        Arg(
+            "alpha",
+            0.75,
+            Any,
+            "α: power of the step size's decay. At least 0 (torch 2.15's check; torch 2.13 "
+            "took any value).",
+        ),
         Arg(
             "t0",
             1e6,

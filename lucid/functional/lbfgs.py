@@ -14,7 +14,8 @@ p &\\leftarrow p + \\gamma\\, d, \\qquad P, G \\leftarrow p, g \\text{ (before t
 \\end{aligned}
 $$
 
-``alpha`` is the elementwise secant estimate of the inverse curvature.
+``alpha`` is the elementwise secant estimate of the inverse curvature; with
+``maximize`` (torch 2.15) ``g`` is the negated gradient throughout.
 The full algorithm (closure, ``max_iter`` inner iterations, two-loop
 recursion over ``history_size`` pairs, optional strong-Wolfe line search)
 is ``lucid.optim.LBFGS``, which matches torch's iterates. This transform
@@ -35,7 +36,7 @@ import jax.numpy as jnp
 
 from . import _validate
 from ._rule import Rule
-from ._signature import Arg, Example, Signature, lr, transform_of
+from ._signature import KEYWORD_ONLY, Arg, Example, Signature, lr, transform_of
 
 # DESIGN.md's constants: the denominator's guard and the largest step multiplier.
 CURVATURE_EPS = 1e-10
@@ -75,15 +76,16 @@ def validate_lbfgs(o: dict) -> None:
 
 
 def _split(o: dict) -> tuple[dict, dict]:
-    return {"lr": o["lr"]}, {}
+    return {"lr": o["lr"]}, {"maximize": bool(o["maximize"])}
 
 
-def _init(param, hyper) -> LBFGSState:
+def _init(param, hyper, **_) -> LBFGSState:
     zeros = jnp.zeros_like(param)
     return LBFGSState(step=jnp.zeros((), jnp.float32), prev_param=zeros, prev_grad=zeros)
 
 
-def _update(param, grad, state, h):
+def _update(param, grad, state, h, *, maximize):
+    grad = -grad if maximize else grad
     s = param - state.prev_param
     y = grad - state.prev_grad
     ratio = jnp.abs(s) / (jnp.abs(y) + CURVATURE_EPS)
@@ -95,9 +97,9 @@ def _update(param, grad, state, h):
     return new_param, LBFGSState(step=state.step + 1, prev_param=param, prev_grad=grad)
 
 
-def _update_sparse(param, grad, state, h):
+def _update_sparse(param, grad, state, h, *, maximize):
     """torch's LBFGS reads a sparse gradient densified; so does this step."""
-    return _update(param, grad.todense().astype(param.dtype), state, h)
+    return _update(param, grad.todense().astype(param.dtype), state, h, maximize=maximize)
 
 
 LBFGS = Rule(
@@ -159,6 +161,16 @@ LBFGS_SIGNATURE = Signature(
             None,
             str | None,
             "`None` or `'strong_wolfe'` (validated, and ignored by the transform).",
+        ),
+        KEYWORD_ONLY,
+        Arg(
+            "maximize",
+            False,
+            bool,
+            "ascend the objective instead of descending (torch 2.15; torch 2.13's LBFGS has "
+            "no `maximize`): the gradient and the closure's loss are negated inside, `step` "
+            "still returns the closure's own value, and the state's `prev_loss` holds the "
+            "negated loss.",
         ),
     ),
     Example("lr=0.1", "[1.0, -2.0]", "[0.5, -1.0]", "Array([ 0.95, -1.9 ], dtype=float32)"),

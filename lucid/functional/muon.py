@@ -8,8 +8,9 @@ b_t &= \\mathrm{lerp}(b_{t-1}, g, 1-\\mu) = \\mu b_{t-1} + (1-\\mu) g \\\\
 u_t &= \\mathrm{lerp}(g, b_t, \\mu) \\text{ (nesterov) or } b_t \\\\
 O_t &= \\mathrm{NS}^{(a,b,c)}_k(u_t; \\epsilon) \\\\
 p &\\leftarrow p\\,(1 - \\gamma\\lambda) - \\gamma' O_t, \\qquad
-\\gamma' = \\gamma\\sqrt{\\max(1, A/B)} \\text{ ('original', the default) or }
-    0.2\\,\\gamma\\sqrt{\\max(A, B)} \\text{ ('match\\_rms\\_adamw')}
+\\gamma' = \\gamma\\sqrt{\\max(1, A/B)} \\text{ ('original', the default), }
+    0.2\\,\\gamma\\sqrt{\\max(A, B)} \\text{ ('match\\_rms\\_adamw') or }
+    \\gamma\\sqrt{A/B} \\text{ ('spectral\\_unclamped')}
 \\end{aligned}
 $$
 
@@ -23,7 +24,17 @@ run in the parameter's compute dtype.
 The momentum is torch's ``lerp`` (its docstring writes ``B = mu B + g``; its
 code, which this follows, averages). torch keeps only ``momentum_buffer``;
 lucid also keeps a ``step`` (hidden from the state_dict) that counts updates
-for schedules. This rule treats each parameter as a matrix, so it is not
+for schedules.
+
+torch 2.15 changed two things, and this rule follows 2.15: ``'spectral_unclamped'``
+(Bernstein's ``sqrt(A/B)``, unclamped below 1 for a wide matrix) is new, and the
+iteration works on a copy of its input. In torch 2.13 the iteration's first step,
+``X = u.bfloat16()``, is no copy when ``u`` is already bfloat16, and its in-place
+division by the norm then rescales the momentum buffer itself: with bfloat16
+parameters and ``nesterov=False`` torch 2.13 keeps ``b_t / max(||b_t||_F, eps)`` as
+the buffer, where 2.15 (and lucid) keep ``b_t``. Every other case is the same in both.
+
+This rule treats each parameter as a matrix, so it is not
 elementwise: the compiled step updates each parameter as itself. It is
 ``batched``: in every form, same-shaped matrices (of one dtype, placement and
 set of static options) are stacked and updated in one ``jax.vmap``ped call, so
@@ -46,7 +57,7 @@ from ._math import guard, lerp
 from ._rule import Rule, is_number
 from ._signature import Arg, Example, Signature, eps, lr, transform_of, weight_decay
 
-ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
+ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
 
 
 class MuonState(NamedTuple):
@@ -110,12 +121,30 @@ def orthogonalize(
 
 
 def lr_ratio(adjust_lr_fn: str | None, shape: Sequence[int]) -> float:
-    """The factor torch's ``_adjust_lr`` multiplies ``lr`` by for a parameter of ``shape``."""
+    """The factor torch's ``_adjust_lr`` multiplies ``lr`` by for a parameter of ``shape``
+    (torch 2.15's, ``'spectral_unclamped'`` included).
+
+    Args:
+      adjust_lr_fn: ``None`` or ``'original'`` (``sqrt(max(1, A/B))``),
+        ``'match_rms_adamw'`` (``0.2 sqrt(max(A, B))``) or ``'spectral_unclamped'``
+        (``sqrt(A/B)``).
+      shape: the parameter's shape; ``A, B = shape[:2]``.
+
+    Returns:
+      The factor, a Python float (1.0 for any other name, as torch's).
+
+    Examples:
+      >>> from lucid.functional.muon import lr_ratio
+      >>> lr_ratio("original", (4, 16)), lr_ratio("spectral_unclamped", (4, 16))
+      (1.0, 0.5)
+    """
     rows, cols = shape[:2]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
         return math.sqrt(max(1, rows / cols))
     if adjust_lr_fn == "match_rms_adamw":
         return 0.2 * math.sqrt(max(rows, cols))
+    if adjust_lr_fn == "spectral_unclamped":
+        return math.sqrt(rows / cols)
     return 1.0
 
 
@@ -230,8 +259,9 @@ MUON_SIGNATURE = Signature(
             None,
             str | None,
             "`None` or `'original'`: "
-            "`γ' = γ √max(1, A/B)`; `'match_rms_adamw'`: `γ' = 0.2 γ √max(A, B)`, for a "
-            "parameter of shape (A, B).",
+            "`γ' = γ √max(1, A/B)`; `'match_rms_adamw'`: `γ' = 0.2 γ √max(A, B)`; "
+            "`'spectral_unclamped'` (torch 2.15; torch 2.13 refuses it): `γ' = γ √(A/B)`, "
+            "for a parameter of shape (A, B).",
         ),
     ),
     Example(

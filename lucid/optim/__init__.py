@@ -5,10 +5,11 @@ The optimizers take torch's constructor arguments and defaults, keep torch's
 format; [lucid.optim.lr_scheduler][] and [lucid.optim.swa_utils][] work on
 them as torch's do. [compile_optimizer][lucid.optim.compile_optimizer] runs a
 step as one compiled executable; [lucid.optim.checkpoint][] saves sharded
-state with orbax.
+state with orbax; [lucid.optim.functional][] holds torch's functional
+optimizers over lists of arrays.
 """
 
-from . import bnb, lr_scheduler, schedulefree, swa_utils, torchao
+from . import bnb, functional, lr_scheduler, schedulefree, swa_utils, torchao
 from ._by_name import StateLayout, from_torch, to_torch_by_name
 from ._torch_format import to_torch
 from .adadelta import Adadelta
@@ -87,6 +88,7 @@ __all__ = [
     "bnb",
     "compile_optimizer",
     "from_torch",
+    "functional",
     "fused_step",
     "lr_scheduler",
     "schedulefree",

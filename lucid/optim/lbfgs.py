@@ -193,6 +193,11 @@ class LBFGS(Optimizer):
     closure value, as torch does. ``line_search_fn`` is ``None`` or
     ``'strong_wolfe'`` (anything else is refused at construction).
 
+    torch 2.15's ``maximize=True`` (keyword-only; torch 2.13 has none) ascends: the
+    gradient and every loss the algorithm reads are negated, so ``state["prev_loss"]``
+    holds the negated loss, while ``step`` returns the closure's own value. The
+    groups carry ``maximize`` (also ``False``), where torch 2.13's carry no such key.
+
     Examples:
       >>> import jax.numpy as jnp, lucid
       >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
@@ -234,13 +239,25 @@ class LBFGS(Optimizer):
     def _group_params(self) -> list:
         return self.param_groups[0]["params"]
 
+    @property
+    def _maximize(self) -> bool:
+        # torch 2.15 reads the key with a default: a group loaded without it minimizes
+        return bool(self.param_groups[0].get("maximize", False))
+
     def _gather_flat_grad(self) -> Array:
-        return jnp.concatenate(
+        flat = jnp.concatenate(
             [
                 jnp.zeros(p.size, p.dtype) if p.grad is None else jnp.ravel(dense(p.grad))
                 for p in self._group_params
             ]
         )
+        return -flat if self._maximize else flat
+
+    def _loss(self, loss: Any) -> float:
+        """The closure's loss as the algorithm reads it: a host float, negated when
+        maximizing (torch 2.15)."""
+        value = _loss_value(loss)
+        return -value if self._maximize else value
 
     def _add_grad(self, step_size: Any, update: Array) -> None:
         # cut in one compiled call: op by op, jax slices with index operands, int64
@@ -254,7 +271,7 @@ class LBFGS(Optimizer):
         self, closure: Callable, x: list[Array], t: Any, d: Array
     ) -> tuple[float, Array]:
         self._add_grad(t, d)
-        loss = _loss_value(closure())
+        loss = self._loss(closure())
         flat_grad = self._gather_flat_grad()
         for p, data in zip(self._group_params, x):
             p.data = data
@@ -271,7 +288,9 @@ class LBFGS(Optimizer):
 
         Returns:
           The loss of the first closure call, as the closure returned it (torch
-          returns it so).
+          returns it so; with `maximize`, too, the closure's own value, not its
+          negation). With a group of no parameters, the closure is called once and
+          its loss returned (torch 2.15; torch 2.13 raised `IndexError`).
 
         Raises:
           ValueError: no closure, hyper-parameters edited to invalid values, or a
@@ -279,6 +298,8 @@ class LBFGS(Optimizer):
         """
         if closure is None:
             raise ValueError("LBFGS.step needs a closure that re-evaluates the loss")
+        if not self._group_params:  # torch 2.15: nothing to optimize, the closure's loss
+            return closure()
         group = self.param_groups[0]
         self.rule.check(group, warn=False)  # hand edits: checked before anything moves
         lr = host_float(group["lr"], "lr")
@@ -291,7 +312,7 @@ class LBFGS(Optimizer):
         state.setdefault("n_iter", 0)
 
         orig_loss = closure()
-        loss = _loss_value(orig_loss)
+        loss = self._loss(orig_loss)
         current_evals = 1
         state["func_evals"] += 1
         flat_grad = self._gather_flat_grad()
@@ -363,7 +384,7 @@ class LBFGS(Optimizer):
                 self._add_grad(t, d)
                 opt_cond = False
                 if n_iter != max_iter:
-                    loss = _loss_value(closure())
+                    loss = self._loss(closure())
                     flat_grad = self._gather_flat_grad()
                     opt_cond = max_abs(flat_grad) <= tolerance_grad
                     ls_func_evals = 1

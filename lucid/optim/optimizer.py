@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, ClassVar
@@ -29,6 +30,7 @@ from .._storage import by_storage
 from .._trees import boxed_tree_params
 from ..functional._rule import Rule, hyper_values
 from ..functional._signature import Signature
+from ..functional._validate import caller_outside_lucid
 from ._engine import Backend, EagerBackend, Group, Hyper, export, load_entry
 from ._hooks import (
     OptimizerPostHook,
@@ -107,6 +109,12 @@ class Optimizer:
       ValueError: an empty parameter list, a parameter listed twice or in two
         groups, a non-float parameter, or an invalid option (torch's message).
 
+    Warns:
+      FutureWarning: `params` is a `set` (torch 2.15's warning: a set's order changes
+        between runs, so the parameters' order in the groups and the state_dict does
+        too; pass a list). torch 2.13 took a set without a word; a set as a group's
+        `params` is a `TypeError` in both.
+
     Examples:
       >>> import jax.numpy as jnp, lucid
       >>> class SignSGD(lucid.optim.Optimizer):
@@ -168,6 +176,14 @@ class Optimizer:
             raise TypeError(
                 "params given to the optimizer is one parameter group (a dict with a 'params' "
                 "list): pass a list of groups, [group]"
+            )
+        if isinstance(params, set):  # torch 2.15 (2.13 took a set without a word)
+            warnings.warn(
+                "optimizer parameters need to be organized in ordered collections, but the "
+                "ordering of tensors in sets will change between runs. Please use a list "
+                "instead. This will be an error in a future release.",
+                FutureWarning,
+                stacklevel=caller_outside_lucid(),
             )
         named = boxed_tree_params(params)  # a boxed pytree: its parameters, named by path
         groups = [{"params": named}] if named is not None else list(params)
