@@ -182,26 +182,88 @@ def _assert_torch_state(ours_sd, torch_sd, rtol):
 # ------------------------------------------------- the iteration, bfloat16
 
 
-@pytest.mark.parametrize("shape", [(6, 4), (3, 5), (32, 32), (64, 16), (16, 96), (128, 256)])
-def test_bfloat16_newton_schulz_matches_torchs(shape):
-    rng = np.random.default_rng(sum(shape))
+# The bfloat16 iteration against torch's. lucid rounds where torch rounds (every product
+# accumulated in float32 and rounded to bfloat16 once, `torch.addmm`'s form), so the two
+# differ only where the order of a float32 accumulation moves a value across a bfloat16
+# rounding boundary. That order is the GEMM kernel's: torch's oneDNN picks its kernel by the
+# processor (with AVX-512 BF16 the two are bit for bit on these inputs; with oneDNN's AVX2
+# kernel, `ONEDNN_MAX_CPU_ISA=AVX2`, (32, 32) differs by 0.56 of torch's own error against
+# the exact iteration, and other inputs by up to 0.86 on either kernel). So how far lucid is
+# from torch is not a property of lucid; what is: such a flip changes a rounding error's sign,
+# not its size (both roundings are within float32's error of the boundary), so lucid is as
+# accurate as torch and no more, within the sign changes' fluctuation (its error against the
+# exact float64 iteration was 0.987 to 1.039 of torch's over 90 inputs, on both kernels;
+# an iteration that rounded elsewhere or in float32 would be far off either way), and every
+# entry is a few bfloat16 ulps from torch's (at most 3 measured).
+NS_SHAPES = [(6, 4), (3, 5), (32, 32), (64, 16), (16, 96), (128, 256)]
+NS_SEEDS = range(4)
+
+
+def _ns_input(shape: tuple[int, int], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(1000 * seed + sum(shape))
     # columns of very different scales: the iteration far from convergence
-    update = (rng.normal(size=shape) * np.logspace(-3, 0, shape[1])).astype(np.float32)
-    theirs = torch_muon._zeropower_via_newtonschulz(torch.tensor(update), COEFFICIENTS, 5, 1e-7)
-    exact = TORCH_NS_F64(torch.tensor(update, dtype=torch.float64), COEFFICIENTS, 5, 1e-7).numpy()
-    ours = orthogonalize(jnp.asarray(update), COEFFICIENTS, 5, 1e-7)
-    assert ours.dtype == jnp.bfloat16 and ours.shape == shape
-    ours = np.asarray(ours.astype(jnp.float32), np.float64)
-    theirs = theirs.float().numpy().astype(np.float64)
+    return (rng.normal(size=shape) * np.logspace(-3, 0, shape[1])).astype(np.float32)
 
-    def frobenius(x, y):
-        return np.linalg.norm(x - y) / np.linalg.norm(y)
 
-    torch_rounding = frobenius(theirs, exact)
-    assert 1e-3 < torch_rounding < 0.1  # bfloat16's error, not float32's or a broken oracle
-    assert frobenius(ours, theirs) <= 0.5 * torch_rounding
-    ulp = 2.0 ** (np.floor(np.log2(np.abs(theirs).max())) - 7)
-    assert np.abs(ours - theirs).max() <= 8 * ulp
+def _torch_ns_bfloat16(updates: list[np.ndarray], env: dict[str, str] | None) -> list[np.ndarray]:
+    """torch's bfloat16 iteration of each input, in this process or (``env``) in a fresh
+    one with those variables set (oneDNN reads its ISA limit when it loads)."""
+    if env is None:
+        return [
+            torch_muon._zeropower_via_newtonschulz(torch.tensor(u), COEFFICIENTS, 5, 1e-7)
+            .float()
+            .numpy()
+            for u in updates
+        ]
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(os.path.join(tmp, "in.npz"), *updates)
+        code = (
+            "import sys, numpy as np, torch, torch.optim._muon as m\n"
+            "d = np.load(sys.argv[1]); k = [d[f'arr_{i}'] for i in range(len(d.files))]\n"
+            f"c = {COEFFICIENTS!r}\n"
+            "np.savez(sys.argv[2], *[m._zeropower_via_newtonschulz(torch.tensor(u), c, 5, 1e-7)"
+            ".float().numpy() for u in k])\n"
+        )
+        out = os.path.join(tmp, "out.npz")
+        subprocess.run(
+            [sys.executable, "-c", code, os.path.join(tmp, "in.npz"), out],
+            env={**os.environ, **env},
+            check=True,
+        )
+        done = np.load(out)
+        return [done[f"arr_{i}"] for i in range(len(updates))]
+
+
+@pytest.mark.parametrize(
+    "kernel", [None, {"ONEDNN_MAX_CPU_ISA": "AVX2"}], ids=["this processor's", "avx2"]
+)
+def test_bfloat16_newton_schulz_is_as_accurate_as_torchs_on_any_gemm_kernel(kernel):
+    cases = [(shape, seed) for shape in NS_SHAPES for seed in NS_SEEDS]
+    updates = [_ns_input(shape, seed) for shape, seed in cases]
+    all_theirs = _torch_ns_bfloat16(updates, kernel)
+    for (shape, seed), update, theirs in zip(cases, updates, all_theirs):
+        exact = TORCH_NS_F64(torch.tensor(update, dtype=torch.float64), COEFFICIENTS, 5, 1e-7)
+        exact = exact.numpy()
+        ours = orthogonalize(jnp.asarray(update), COEFFICIENTS, 5, 1e-7)
+        assert ours.dtype == jnp.bfloat16 and ours.shape == shape
+        ours = np.asarray(ours.astype(jnp.float32), np.float64)
+        theirs = theirs.astype(np.float64)
+
+        def frobenius(x, y):
+            return np.linalg.norm(x - y) / np.linalg.norm(y)
+
+        torch_rounding = frobenius(theirs, exact)
+        where = f"{shape}, seed {seed}"
+        assert 1e-3 < torch_rounding < 0.1, where  # bfloat16's error, not float32's
+        # as accurate as torch, and no more: rounded where torch rounds
+        assert 0.9 * torch_rounding <= frobenius(ours, exact) <= 1.1 * torch_rounding, where
+        ulp = 2.0 ** (np.floor(np.log2(np.abs(theirs).max())) - 7)
+        assert np.abs(ours - theirs).max() <= 8 * ulp, where
 
 
 def test_float64_newton_schulz_is_torchs_iteration():
