@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 HOST_DEVICES = pytest.mark.usefixtures("one_host_devices_job_at_a_time")
@@ -39,6 +40,18 @@ def rendezvous_flags() -> list[str]:
         "--xla_cpu_collective_call_terminate_timeout_seconds=600",
         "--xla_cpu_collective_timeout_seconds=600",
     ]
+
+
+def sharded_bound(scale: float, dtype: np.dtype, steps: int, terms: int = 0) -> float:
+    """How far docs/distributed.md lets ``steps`` steps past one device (state sharded,
+    parameters sharded, an eager step on a mesh) move an array of ``dtype`` from the
+    one-device steps' numbers, ``scale`` the largest magnitude the array takes over those
+    steps (its start included): ``6 * eps * scale`` a step; ``4 * terms * eps * scale``
+    more for a rule whose sums over ``terms`` elements the devices add in another order
+    (Adafactor). An array that is not floating point (counts, codes) must be equal: 0."""
+    if not np.issubdtype(dtype, np.floating):
+        return 0.0
+    return steps * (6 + 4 * terms) * float(np.finfo(dtype).eps) * scale
 
 
 def run_script(path: Path, source: str, timeout: float = 240) -> None:

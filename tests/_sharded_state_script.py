@@ -6,6 +6,7 @@ parameters, state follows), against the same optimizer on one device."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _distributed import sharded_bound
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -27,18 +28,15 @@ init = {"w": rng.normal(size=(16, 6)), "v": rng.normal(size=(6, 16)), "b": rng.n
 init_zero = {**init, "s": rng.normal(size=(3,))}  # 203 floats: a padded state buffer
 x = rng.normal(size=(16, 16))
 grads = [{k: rng.normal(size=v.shape) for k, v in init_zero.items()} for _ in range(3)]
-# jax 0.4's XLA CPU rounds the ZeRO program's parameter update differently from the
-# one-device program in the last bit (its state is still bit-for-bit equal); newer
-# jax gives bit-for-bit equal parameters too
-OLD_XLA = jax.__version_info__[:2] == (0, 4)
 
 
-def same(got, expected, what):
-    if OLD_XLA:
-        ulp = np.finfo(np.float64).eps * np.abs(expected).max()  # of the largest value
-        np.testing.assert_allclose(got, expected, rtol=0, atol=4 * ulp, err_msg=what)
-    else:
-        np.testing.assert_array_equal(got, expected, err_msg=what)
+def same(got, expected, scale, what):
+    """The same gradients: the one-device numbers to the rounding docs/distributed.md
+    derives (XLA:CPU fuses other multiply-adds in a program over pieces), ``scale`` the
+    largest magnitude the array took over the one-device steps."""
+    limit = sharded_bound(scale, expected.dtype, len(grads))
+    difference = np.abs(got - expected).max(initial=0.0)
+    assert difference <= limit, f"{what}: {difference:.3g} > {limit:.3g}"
 
 
 def close(got, expected, what):
@@ -62,6 +60,7 @@ def run(style, fused):
         return v if single else jax.device_put(v, NamedSharding(mesh, s))
 
     params = {k: lucid.Parameter(put(v, spec[k])) for k, v in sorted(values.items())}
+    largest = {k: float(np.abs(v).max()) for k, v in values.items()}
     opt = lucid.optim.AdamW(list(params.values()), lr=0.05, amsgrad=True, weight_decay=0.1)
     compiled = lucid.compile_optimizer(opt, shard_state_over="data" if style == "zero" else None)
     compiles: list[str] = []
@@ -87,12 +86,22 @@ def run(style, fused):
             for k, p in params.items():
                 p.grad = put(g[k], spec[k])
             opt.step()
+            track(largest, params, opt)
             settled = len(compiles) if i == 1 else settled
     assert len(compiles) == settled, "an lr change recompiled"
     for k, p in params.items():  # parameters keep their placement
         if not single:
             assert p.data.sharding.is_equivalent_to(NamedSharding(mesh, spec[k]), p.ndim), k
-    return params, opt, compiled
+    return params, opt, compiled, largest
+
+
+def track(largest, params, opt):
+    """Each parameter's and state field's largest magnitude so far, in ``largest``."""
+    arrays = {k: p.data for k, p in params.items()}
+    for index, entry in opt.state_dict()["state"].items():
+        arrays.update({(index, name): value for name, value in entry.items()})
+    for key, value in arrays.items():
+        largest[key] = max(largest.get(key, 0.0), float(np.abs(np.asarray(value)).max()))
 
 
 def array_state(opt):
@@ -105,20 +114,23 @@ def scalar_bytes(opt):
 
 for fused in (False, True):
     for style, reference in (("zero", "single-zero"), ("fsdp", "single")):
-        params, opt, compiled = run(style, fused)
-        ref_params, ref_opt, _ = run(reference, fused)
-        # [1] the numbers: the single-device run's, bit for bit for the same gradients
+        params, opt, compiled, _ = run(style, fused)
+        ref_params, ref_opt, _, largest = run(reference, fused)
+        # [1] the numbers: the single-device run's to rounding for the same gradients
         for k, p in params.items():
             got, expected = np.asarray(p.data), np.asarray(ref_params[k].data)
-            (close if fused else same)(got, expected, f"{style} {k}")
+            if fused:
+                close(got, expected, f"{style} {k}")
+            else:
+                same(got, expected, largest[k], f"{style} {k}")
         got_sd, ref_sd = opt.state_dict(), ref_opt.state_dict()
         for index, entry in ref_sd["state"].items():
             for name, value in entry.items():
                 got, expected = np.asarray(got_sd["state"][index][name]), np.asarray(value)
                 if fused:
                     close(got, expected, f"{style} {name}")
-                else:  # bit-for-bit in every lane
-                    np.testing.assert_array_equal(got, expected, err_msg=f"{style} {name}")
+                else:
+                    same(got, expected, largest[index, name], f"{style} {name}")
         # [2] the memory: every state buffer cut in 8 equal pieces, one per device
         single_bytes = sum(a.nbytes for a in array_state(ref_opt))
         total = 0

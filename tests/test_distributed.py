@@ -79,6 +79,17 @@ def test_state_sharded_over_eight_devices():
     _run([str(HERE / "_sharded_state_script.py")], _env(8))
 
 
+@pytest.mark.parametrize("part", ["torch-1", "torch-2", "whole"])
+def test_numbers_past_one_device_are_the_single_device_ones_as_the_docs_state(part):
+    """docs/distributed.md's table, in float64 on 8 devices for every family computed in
+    the parameter's dtype (three parts, a subprocess each): replicated parameters give
+    the single-device numbers bit for bit; sharded state (over a 1-D mesh, with two
+    parameters off it; over one or both axes of a 2-D mesh) and an eager step on a mesh
+    stay within the derived bound; parameters of 0 to 16 elements throughout."""
+    out = _run([str(HERE / "_sharded_numbers_script.py"), part], _env(8))
+    print(out)
+
+
 def test_two_processes_train_and_checkpoint_sharded_state(tmp_path):
     """Two processes on one global mesh: the compiled and fused steps with sharded
     state, an orbax checkpoint written and restored shard by shard, the single-process
