@@ -77,10 +77,12 @@ def _thresholds() -> tuple[int, int, int]:
 
 _SMALL, _SEGMENT, _CHUNK = _thresholds()
 PIECE = _SEGMENT // 4  # float32 elements of one piece; float64 crosses at half of it
-# One group, small parameters before and after large ones: 1 element, exactly one float32
-# piece (two of float64) and one element more, half a piece (one of float64) and one more,
-# at and one above SMALL, a large 2-D weight, empty, and small 2-D ones.
+# One group, small parameters before and after large ones: empty (first, where it opens
+# the first piece, and again later), 1 element, exactly one float32 piece (two of float64)
+# and one element more, half a piece (one of float64) and one more, at and one above
+# SMALL, a large 2-D weight, and small 2-D ones.
 ACROSS_THRESHOLDS = [
+    (0,),
     (1,),
     (PIECE,),
     (256, 200),
@@ -95,6 +97,8 @@ ACROSS_THRESHOLDS = [
 ]
 # a group of two tiny parameters: a call XLA runs inline
 TINY_GROUP = [(2,), (5,)]
+# a group of one empty parameter
+EMPTY_GROUP = [(0,)]
 # a group of more parameters than one eager call holds
 MANY_SMALL = [(4,)] * (_CHUNK + 2)
 

@@ -301,7 +301,7 @@ def _starts(params: Sequence[Parameter]) -> tuple[int, ...]:
     starts, size = [], SEGMENT
     for i, p in enumerate(params):
         nbytes = p.size * np.dtype(p.dtype).itemsize
-        if size + nbytes > SEGMENT:
+        if not starts or size + nbytes > SEGMENT:  # the first member opens a piece
             starts.append(i)
             size = 0
         size += nbytes
