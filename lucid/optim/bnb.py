@@ -196,7 +196,7 @@ class BnbOptimizer(Optimizer):
                     raise ValueError(f"state {name!r} of parameter {key!r} must be uint8 codes")
                 values[name] = jnp.asarray(array)
             else:
-                if not np.issubdtype(array.dtype, np.floating):
+                if not jnp.issubdtype(array.dtype, jnp.floating):  # bfloat16 too
                     raise ValueError(f"state {name!r} of parameter {key!r} has dtype {array.dtype}")
                 values[name] = jnp.asarray(array, jnp.float32)
         step = arrays["step"]

@@ -164,7 +164,7 @@ class _LowBitAdam(Optimizer):
         if missing:
             raise ValueError(f"state of parameter {key!r} is missing {sorted(missing)}")
         step = np.asarray(to_array(saved["step"]))
-        if step.shape != () or not np.issubdtype(step.dtype, np.number):
+        if step.shape != () or not jnp.issubdtype(step.dtype, jnp.number):
             raise ValueError(f"state 'step' of parameter {key!r} must be a scalar")
         block = int(group["block_size"])
         shape, size = tuple(p.shape), int(np.prod(p.shape))
@@ -204,7 +204,8 @@ class _LowBitAdam(Optimizer):
                     f"no multiple of block_size={block})"
                 )
             array = np.asarray(to_array(value))
-            if array.shape != shape or not np.issubdtype(array.dtype, np.inexact):
+            # jnp's issubdtype knows bfloat16 and the float8 types as floats; NumPy's does not
+            if array.shape != shape or not jnp.issubdtype(array.dtype, jnp.inexact):
                 raise ValueError(
                     f"{where} has shape {array.shape} and dtype {array.dtype}; expected a "
                     f"float array of shape {shape}"
