@@ -17,10 +17,10 @@ The options every family shares (`maximize`, `foreach`, `capturable`,
 `differentiable`, `fused`, `decoupled_weight_decay`, which torch adds to one class
 after another) prove nothing between torch's classes, but torch.optim's kernel
 switches (`foreach`, `fused`, `capturable`, `differentiable`) mark a torch.optim
-state_dict given to a bitsandbytes or torchao class, whose groups never hold them;
-options a group of this optimizer holds
-now (your own keys, a scheduler's, your subclass's defaults) are its own. Your own
-`Optimizer` subclass that writes its own step loads any state_dict, as torch's does.
+state_dict given to a class of another package (bitsandbytes', torchao's groups never
+hold them). Options a group of this optimizer holds now (your own keys, a
+scheduler's, your subclass's defaults) are its own. Your own `Optimizer` subclass
+that writes its own step loads any state_dict, as torch's does.
 """
 
 from __future__ import annotations
@@ -65,10 +65,14 @@ def _options_of(entry: Registered) -> frozenset[str]:
     return frozenset(names)
 
 
-@functools.cache
 def _catalogue() -> tuple[tuple[Registered, frozenset[str]], ...]:
-    """Every registered class with its options (read once, after every class is declared)."""
-    return tuple((entry, _options_of(entry)) for entry in registered())
+    """Every registered class with its options (read again when a class is registered)."""
+    return _catalogue_of(tuple(registered()))
+
+
+@functools.cache
+def _catalogue_of(entries: tuple[Registered, ...]) -> tuple[tuple[Registered, frozenset[str]], ...]:
+    return tuple((entry, _options_of(entry)) for entry in entries)
 
 
 def _telling() -> frozenset[str]:
@@ -133,7 +137,7 @@ def _saver(group: Mapping[str, Any], own: type) -> str | None:
 def _differs(saved: Any, fixed: Any) -> bool:
     try:
         return bool(saved != fixed)
-    except Exception:  # an array or another value that does not compare to a bool
+    except Exception:  # an array, or a value that does not compare to a bool: not fixed's
         return True
 
 
@@ -227,6 +231,9 @@ def state_saved_by(
       optimizer: the optimizer loading it.
       saved_state: the state_dict's state.
       own_state_names: the state names the optimizer keeps.
+
+    Returns:
+      The words to add to the error, or `None` when the state holds no such name.
     """
     strays = _strays(saved_state, own_state_names)
     if not strays:

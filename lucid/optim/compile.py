@@ -263,6 +263,10 @@ class CompiledScheduleFree(CompiledOptimizer):
     compiles nothing. The closure forms have no mode (as in the package) and compile
     to a plain `CompiledOptimizer`.
 
+    Args:
+      optimizer: the Schedule-Free optimizer to run compiled.
+      shard_state_over: as for [CompiledOptimizer][lucid.optim.CompiledOptimizer].
+
     Examples:
       >>> import jax.numpy as jnp, lucid
       >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
