@@ -540,7 +540,8 @@ def test_a_32_bit_state_saved_in_bfloat16_loads_as_float32():
     quant = saved["state"][0]["__bnb_optimizer_quant_state__"]
     for key in ("state1", "state2"):
         quant[key] = quant[key].bfloat16()
-    w = lucid.Parameter(jnp.asarray(p.detach().numpy()))
+    # a copy: on the CPU, jax may share a NumPy view's memory, which torch updates in place
+    w = lucid.Parameter(jnp.array(p.detach().numpy(), copy=True))
     ours = LB.Adam32bit([w], lr=1e-2)
     ours.load_state_dict(saved)
     assert ours.state[w]["state1"].dtype == jnp.float32
