@@ -523,6 +523,34 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing():
     )
 
 
+def test_a_32_bit_state_saved_in_bfloat16_loads_as_float32():
+    """A bitsandbytes state_dict whose 32-bit `state1`/`state2` were kept in bfloat16
+    (NumPy's issubdtype does not call bfloat16 a float) loads, as float32 (lucid's 32-bit
+    state), and goes on as the uninterrupted bitsandbytes run to the bfloat16 rounding of
+    the moments: Adam's step `lr m / sqrt(v)` moves by at most about `lr * 3 * 2**-9`.
+    (bitsandbytes' own load keeps the bfloat16 tensors, and its CPU step then moves
+    every entry by about `lr`: no oracle here.)"""
+    rng = np.random.default_rng(5)
+    x, g1, g2 = (rng.standard_normal(64).astype(np.float32) for _ in range(3))
+    p = torch.nn.Parameter(torch.tensor(x))
+    theirs = bnb.optim.Adam32bit([p], lr=1e-2)
+    p.grad = torch.tensor(g1)
+    theirs.step()
+    saved = theirs.state_dict()
+    quant = saved["state"][0]["__bnb_optimizer_quant_state__"]
+    for key in ("state1", "state2"):
+        quant[key] = quant[key].bfloat16()
+    # a copy: on the CPU, jax may share a NumPy view's memory, which torch updates in place
+    w = lucid.Parameter(jnp.array(p.detach().numpy(), copy=True))
+    ours = LB.Adam32bit([w], lr=1e-2)
+    ours.load_state_dict(saved)
+    assert ours.state[w]["state1"].dtype == jnp.float32
+    p.grad, w.grad = torch.tensor(g2), jnp.asarray(g2)
+    theirs.step()
+    ours.step()
+    np.testing.assert_allclose(np.asarray(w.data), p.detach().numpy(), atol=1e-2 * 3 * 2**-9)
+
+
 def test_an_entry_of_another_name_is_kept_beside_the_state_as_torch_keeps_it():
     big, small, grads = _data(6)
     opt, _ = _lucid_run("Adam8bit", {}, big, small, grads, steps=2)

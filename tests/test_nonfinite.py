@@ -529,6 +529,30 @@ def test_a_subnormal_parameter_is_flushed_to_zero_by_a_step(form):
     np.testing.assert_allclose(actual["w"][2:], expected["w"][2:], rtol=1e-6)
 
 
+@pytest.mark.parametrize("form", ["functional", "eager", "compiled"])
+def test_rprop_reads_a_subnormal_gradient_or_product_as_zero_where_torch_does_not(form):
+    """The documented limit of the flush for a rule that reads signs (docs/bad_input.md):
+    entry 0's gradient is subnormal, torch moves it by its step size and lucid does not;
+    entry 1's gradients (1e-20) are normal but their product is subnormal, so torch's
+    step size grows by etaplus and lucid's stays; entry 2 is normal throughout."""
+    init = {"w": np.ones(3, np.float32)}
+    grads = [{"w": np.array([1e-39, 1e-20, 1.0], np.float32)}] * 3
+    expected, torch_state = run_torch("Rprop", {"lr": 0.01}, init, grads)
+    if form == "functional":
+        actual = run_functional("Rprop", {"lr": 0.01}, init, grads)
+    else:
+        actual, opt = run_class("Rprop", {"lr": 0.01}, init, grads, compiled=form == "compiled")
+        step_size = np.asarray(opt.state_dict()["state"][0]["step_size"])
+        np.testing.assert_allclose(step_size[1], 0.01, rtol=1e-6)  # torch: 0.01 * 1.2**2
+        np.testing.assert_allclose(
+            torch_state["state"][0]["step_size"].numpy()[1], 0.0144, rtol=1e-6
+        )
+    np.testing.assert_allclose(expected["w"][:2], [0.97, 1 - 0.01 - 0.012 - 0.0144], rtol=1e-6)
+    np.testing.assert_array_equal(actual["w"][0], 1.0)
+    np.testing.assert_allclose(actual["w"][1], 0.97, rtol=1e-6)
+    np.testing.assert_allclose(actual["w"][2], expected["w"][2], rtol=1e-6)
+
+
 # ------------------------------------------------------------ NaN and inf hyper-parameters
 
 # infinite values torch's constructors accept, with finite gradients; all three forms

@@ -371,6 +371,49 @@ def test_compiled_matches_the_package(name):
     _run(pair, 2)
 
 
+TRAIN_EVAL = [name for name in ALL if not name.endswith("Closure")]
+
+
+@pytest.mark.parametrize("name", TRAIN_EVAL)
+def test_the_compiled_handle_switches_modes_as_the_package(name):
+    """`compile_optimizer` returns a handle with the package's `train()` and `eval()`,
+    sharing the optimizer's mode: switched through the handle, through the optimizer, or
+    both in turn, every step and switch gives schedulefree's numbers."""
+    pair = Pair(name, OPTIONS[name.split("ScheduleFree")[0]][1], "float32")
+    compiled = lucid.compile_optimizer(pair.lopt)
+    assert isinstance(compiled, lucid.optim.CompiledScheduleFree)
+    switches = [compiled, pair.lopt, compiled]
+    for round_, switch in enumerate(switches):
+        pair.topt.train()
+        switch.train()
+        assert pair.lopt.param_groups[0]["train_mode"] is True
+        pair.check()
+        for _ in range(2):
+            pair._torch_grads(False)
+            pair.topt.step()
+            pair._lucid_grads(False)
+            compiled.step()
+            pair.check()
+        pair.topt.eval()
+        (compiled if round_ != 1 else pair.lopt).eval()
+        assert compiled.param_groups[0]["train_mode"] is False
+        pair.check()
+    with pytest.raises(RuntimeError, match="train mode"):  # eval mode: the package's error
+        compiled.step()
+
+
+def test_handles_without_modes_have_no_train_or_eval():
+    """As the package's closure forms (and every other optimizer) have none: code that
+    asks `hasattr(opt, "train")` before switching (Hugging Face's Trainer) sees none."""
+    w = lucid.Parameter(jnp.ones(2))
+    closure_form = lucid.compile_optimizer(LOS.SGDScheduleFreeClosure([w], lr=0.1))
+    adam = lucid.compile_optimizer(lucid.optim.Adam([lucid.Parameter(jnp.ones(2))]))
+    assert not hasattr(schedulefree.SGDScheduleFreeClosure, "train")
+    for handle in (closure_form, adam):
+        assert type(handle) is lucid.optim.CompiledOptimizer
+        assert not hasattr(handle, "train") and not hasattr(handle, "eval")
+
+
 def test_switching_modes_on_a_compiled_optimizer_does_not_recompile():
     pair = Pair("AdamWScheduleFree", {"lr": 0.01, "weight_decay": 0.1}, "float32", compiled=True)
     pair.train()

@@ -463,3 +463,63 @@ def test_n_averaged_lives_with_the_averaged_copy_as_torchs_buffer():
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
+
+
+class TiedTorchModel(torch.nn.Module):
+    """An encoder and a decoder sharing one weight (tied embeddings), plus a bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = torch.nn.Linear(2, 3, bias=False)
+        self.dec = torch.nn.Linear(2, 3)
+        self.dec.weight = self.enc.weight
+
+
+@pytest.mark.parametrize("kind", ["swa", "ema-multi", "swa-single"])
+def test_tied_weights_stay_one_averaged_parameter_as_in_torch(kind):
+    """torch's deepcopy keeps the tie and `parameters()` yields it once: one averaged
+    Parameter, in both places, and an averaging function that sees it once."""
+    theirs_kw, ours_kw = AVERAGERS[kind]
+    seen: dict[str, list[int]] = {"torch": [], "lucid": []}
+
+    def counted(kw: dict, side: str) -> dict:
+        if "multi_avg_fn" not in kw:
+            return kw
+        fn = kw["multi_avg_fn"]
+
+        def multi(averaged, current, n):
+            seen[side].append(len(averaged))
+            return fn(averaged, current, n)
+
+        return {"multi_avg_fn": multi}
+
+    rng = np.random.default_rng(7)
+    steps = [(rng.normal(size=(3, 2)), rng.normal(size=(3,))) for _ in range(4)]
+    with torch_default_dtype(torch.float64):
+        model = TiedTorchModel()
+        averaged = TORCH.AveragedModel(model, **counted(theirs_kw, "torch"))
+        for weight, bias in steps:
+            with torch.no_grad():
+                model.enc.weight.copy_(torch.tensor(weight))
+                model.dec.bias.copy_(torch.tensor(bias))
+            averaged.update_parameters(model)
+    w = lucid.Parameter(jnp.zeros((3, 2)))
+    ours_model = {"enc": {"weight": w}, "dec": {"weight": w, "bias": lucid.Parameter(jnp.zeros(3))}}
+    ours = swa_utils.AveragedModel(ours_model, **counted(ours_kw, "lucid"))
+    assert ours.module["enc"]["weight"] is ours.module["dec"]["weight"]
+    assert ours.module["enc"]["weight"] is not w
+    for weight, bias in steps:
+        w.data = jnp.asarray(weight)
+        ours_model["dec"]["bias"].data = jnp.asarray(bias)
+        ours.update_parameters(ours_model)
+    assert seen["lucid"] == seen["torch"]
+    saved = ours.state_dict()
+    assert sorted(saved) == sorted(averaged.state_dict())
+    for key, value in averaged.state_dict().items():
+        np.testing.assert_allclose(np.asarray(saved[key]), value.numpy(), rtol=1e-12, err_msg=key)
+    averaged.load_state_dict(lucid.optim.to_torch(saved))  # strict: both names, one tensor
+    assert averaged.module.enc.weight is averaged.module.dec.weight
+    untied = {"enc": {"weight": lucid.Parameter(w.data)}, "dec": dict(ours_model["dec"])}
+    with pytest.raises(ValueError, match="one Parameter in the averaged copy"):
+        ours.update_parameters(untied)
+    assert int(ours.n_averaged) == len(steps)

@@ -734,6 +734,44 @@ def test_a_torchao_checkpoint_resumes_in_lucid(name):
 
 
 @pytest.mark.parametrize("name", ["AdamW8bit", "AdamW4bit", "AdamWFp8"])
+def test_a_torchao_checkpoint_of_a_bfloat16_model_resumes_in_lucid(name):
+    """torchao keeps a bfloat16 model's small parameters' moments as full-precision
+    bfloat16 tensors (NumPy's issubdtype does not call bfloat16 a float): its saved
+    state_dict loads, and so does lucid's own, and both runs go on as one."""
+    shapes, options = [BIG, SMALL], {"lr": 1e-2}
+    init, grads = _init(shapes), _grads(shapes, 8)
+    tparams = [torch.nn.Parameter(torch.tensor(x).bfloat16()) for x in init]
+    t_opt = getattr(ao, name)(tparams, **options)
+    for gs in grads[:4]:
+        for tp, g in zip(tparams, gs):
+            tp.grad = torch.tensor(g).bfloat16()
+        t_opt.step()
+    buffer = io.BytesIO()
+    torch.save(t_opt.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    assert saved["state"][1]["exp_avg"].dtype == torch.bfloat16  # SMALL: full precision
+    lparams = [
+        lucid.Parameter(jnp.asarray(tp.detach().float().numpy(), jnp.bfloat16)) for tp in tparams
+    ]
+    l_opt = getattr(lucid.optim.torchao, name)(lparams, lr=0.5)
+    l_opt.load_state_dict(saved)
+    assert l_opt.state[lparams[1]]["exp_avg"].dtype == jnp.bfloat16
+    again = getattr(lucid.optim.torchao, name)(
+        [lucid.Parameter(jnp.array(lp.data)) for lp in lparams], lr=0.5
+    )
+    again.load_state_dict(l_opt.state_dict())  # lucid's own bfloat16 state_dict
+    chex_equal(again.state_dict()["state"], l_opt.state_dict()["state"])
+    tracker = Tracker(_form(name), lr=options["lr"])
+    for gs in grads[4:]:
+        for tp, lp, g in zip(tparams, lparams, gs):
+            tp.grad = torch.tensor(g).bfloat16()
+            lp.grad = jnp.asarray(g, jnp.bfloat16)
+        _steps(t_opt, tparams, l_opt, lparams, tracker)
+    check_match(tparams, lparams, t_opt, l_opt, tracker, options, steps=4, atol=3 * 2**-7)
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit", "AdamW4bit", "AdamWFp8"])
 def test_a_lucid_checkpoint_resumes_in_torchao(name, tmp_path):
     shapes, options = [BIG, SMALL], {"lr": 1e-2}
     init, grads = _init(shapes), _grads(shapes, 12)
@@ -792,8 +830,8 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing():
     for p in params:
         p.grad = jnp.ones_like(p.data)
     plain.step()
-    with pytest.raises(ValueError, match="full-precision"):
-        opt.load_state_dict(plain.state_dict())
+    with pytest.raises(ValueError, match="saved by AdamW, not by torchao's AdamW8bit"):
+        opt.load_state_dict(plain.state_dict())  # torch.optim's AdamW: another optimizer
     chex_equal(opt.state_dict()["state"], before["state"])
 
 

@@ -18,7 +18,13 @@ from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .adamax import Adamax
 from .asgd import ASGD
-from .compile import CompiledOptimizer, FusedStep, compile_optimizer, fused_step
+from .compile import (
+    CompiledOptimizer,
+    CompiledScheduleFree,
+    FusedStep,
+    compile_optimizer,
+    fused_step,
+)
 from .lbfgs import LBFGS
 from .lr_scheduler import (
     ChainedScheduler,
@@ -60,6 +66,7 @@ __all__ = [
     "Adamax",
     "ChainedScheduler",
     "CompiledOptimizer",
+    "CompiledScheduleFree",
     "ConstantLR",
     "CosineAnnealingLR",
     "CosineAnnealingWarmRestarts",

@@ -5,8 +5,11 @@ layouts: an nnx `Linear` kernel is torch's weight transposed, an equinox conv
 bias is `(out, 1, 1)` where torch's is `(out,)`, and its parameters come in
 another order. `from_torch` reads a torch optimizer's state_dict into the order
 and layouts of a lucid optimizer with named parameters (torch's `param_names`,
-or a renaming), applying a `StateLayout` declared once per parameter to every
-state entry of that parameter's shape; `to_torch_by_name` is its inverse.
+or the names given for a checkpoint without them, and a renaming), applying a
+`StateLayout` declared once per parameter to every state entry of that
+parameter's shape; `to_torch_by_name` is its inverse. A parameter whose shape
+has axes of equal length (a square weight) loads the same way whether or not
+lucid's array is torch's transposed, so its layout must be declared.
 """
 
 from __future__ import annotations
@@ -43,6 +46,21 @@ class StateLayout:
 
     to_lucid: Callable[[Array], Array]
     to_torch: Callable[[Array], Array]
+
+    @classmethod
+    def identity(cls) -> StateLayout:
+        """lucid's array is torch's as it is (equinox keeps torch's `Linear` and `Conv`
+        layouts; a model built from torch's own arrays does too).
+
+        Returns:
+          The layout.
+
+        Examples:
+          >>> import numpy as np, lucid
+          >>> lucid.optim.StateLayout.identity().to_lucid(np.zeros((3, 3))).shape
+          (3, 3)
+        """
+        return cls(np.asarray, np.asarray)
 
     @classmethod
     def transpose(cls, axes: Sequence[int] | None = None) -> StateLayout:
@@ -86,6 +104,75 @@ def _names_of(group: Mapping[str, Any], where: str) -> list[str]:
     return list(names)
 
 
+def _torch_names(groups: Sequence[Mapping[str, Any]], names: Sequence[str] | None) -> list:
+    """Each torch group's parameter names: its `param_names`, or its share of ``names``
+    (torch's names in the order its optimizer listed them, one group after another)."""
+    counts = [len(group["params"]) for group in groups]
+    saved = [group.get("param_names") for group in groups]
+    if names is None:
+        if any(group_names is None for group_names in saved):
+            raise ValueError(
+                "the torch state_dict's groups have no `param_names`: torch saves them only "
+                "for an optimizer built from (name, parameter) pairs, and most code (nanoGPT's "
+                "included) passes the parameters alone. Pass names=, torch's parameter names "
+                "in the order its optimizer listed them: names=[n for n, _ in "
+                "model.named_parameters()] for torch.optim.AdamW(model.parameters()); for "
+                "several groups, each group's names, one group after another"
+            )
+        return [list(group_names) for group_names in saved]  # type: ignore[arg-type]
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise TypeError("names must be a sequence of torch's parameter names (strings)")
+    names = list(names)
+    if len(names) != sum(counts):
+        raise ValueError(
+            f"names holds {len(names)} names, but the torch state_dict's groups list "
+            f"{sum(counts)} parameters ({counts} by group): give one name per parameter, in "
+            "the order torch's optimizer listed them"
+        )
+    if len(set(names)) != len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise ValueError(f"names lists {twice} more than once")
+    split, start = [], 0
+    for count, group_names in zip(counts, saved):
+        mine = names[start : start + count]
+        start += count
+        if group_names is not None and list(group_names) != mine:
+            raise ValueError(
+                f"names gives {mine}, but the torch state_dict's group saved the names "
+                f"{list(group_names)}: leave names out, or give the saved ones"
+            )
+        split.append(mine)
+    return split
+
+
+def _repeats(shape: tuple) -> bool:
+    """Whether ``shape`` has two or more axes of equal length (a square weight): torch's
+    array and its transpose then have the same shape."""
+    return len(shape) >= 2 and len(set(shape)) < len(shape)
+
+
+def _ambiguous(entry: Mapping[str, Any], shape: tuple | None) -> tuple | None:
+    """The shape that makes a missing layout ambiguous for one parameter's state entry,
+    or ``None``: the parameter's ``shape`` when its axes repeat and the entry holds an
+    array (Adafactor's factored moments too); without the parameter's shape (a lucid
+    state_dict alone), the shape of an entry array whose axes repeat."""
+    shapes = [tuple(getattr(to_array(value), "shape", ())) for value in entry.values()]
+    if shape is not None:
+        return shape if _repeats(shape) and any(shapes) else None
+    return next((found for found in shapes if _repeats(found)), None)
+
+
+def _undeclared(name: str, shape: tuple) -> ValueError:
+    return ValueError(
+        f"{name!r} has shape {shape}, with axes of equal length: its state loads the same "
+        "way whether lucid's array is torch's as it is or transposed (an nnx kernel is "
+        "torch's weight transposed), so a forgotten layout would load its moments "
+        "transposed without a word. Say which: layouts={"
+        f"{name!r}: StateLayout.transpose()}} (or StateLayout.identity(), or the axes "
+        "of your layout), or default_layout= for every parameter without a layout"
+    )
+
+
 def _convert(entry: Mapping[str, Any], layout: Any, shape: tuple, name: str, way: str) -> dict:
     """One parameter's entry with ``layout`` applied to each array of the parameter's
     (pre-conversion) shape."""
@@ -115,32 +202,53 @@ def from_torch(
     state_dict: Mapping[str, Any],
     optimizer: Any,
     *,
+    names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None,
     layouts: Mapping[str, StateLayout] | None = None,
+    default_layout: StateLayout | None = None,
 ) -> dict[str, Any]:
     """A torch optimizer's state_dict in the order and layouts of a lucid optimizer.
 
-    Parameters are matched by name, not position: torch's `param_names`
-    (torch >= 2.6 saves them for named parameters), renamed by `rename`,
-    against the lucid optimizer's `param_names`; groups by position. Each
-    parameter's entries of its torch shape go through its `layouts` entry.
-    The result is what `optimizer.load_state_dict` takes (which then checks
-    everything as for any checkpoint).
+    Parameters are matched by name, not position: torch's names (its
+    `param_names`, which torch >= 2.6 saves for an optimizer built from
+    `(name, parameter)` pairs, or `names`), renamed by `rename`, against the
+    lucid optimizer's `param_names`; groups by position. Each parameter's
+    entries of its torch shape go through its `layouts` entry (or
+    `default_layout`). The result is what `optimizer.load_state_dict` takes
+    (which then checks everything as for any checkpoint).
+
+    A parameter whose state has the lucid parameter's shape, with axes of
+    equal length (a square weight), loads the same way whether or not lucid's
+    array is torch's transposed: without a layout for it, `from_torch` refuses
+    rather than guess (a rectangular one without its layout fails the load's
+    shape check).
 
     Args:
       state_dict: a torch optimizer's `state_dict()` (tensors or arrays).
       optimizer: the lucid optimizer (or CompiledOptimizer), built with named
         parameters.
+      names: torch's parameter names, for a state_dict whose groups have no
+        `param_names` (an optimizer built from `model.parameters()`, as most
+        code does): one per parameter, in the order torch's optimizer listed
+        them, one group after another (`[n for n, _ in
+        model.named_parameters()]` for `AdamW(model.parameters())`). Where the
+        groups have `param_names`, `names` must equal them.
       rename: torch's name -> lucid's, for the names that differ.
       layouts: torch's name -> the `StateLayout` of that parameter.
+      default_layout: the layout of every parameter not in `layouts`
+        (`StateLayout.identity()` for a model kept in torch's layouts).
 
     Returns:
       A state_dict for `optimizer`, arrays as NumPy.
 
     Raises:
-      ValueError: unnamed parameters, a different number of groups, or names
-        that do not correspond one to one, or a layout that does not give the
-        lucid parameter's shape (the message names the parameter).
+      ValueError: unnamed parameters (the message says how to give torch's
+        names), `names` of the wrong length or other than the saved ones, a
+        different number of groups, names that do not correspond one to one, a
+        layout that does not give the lucid parameter's shape, or a parameter
+        with axes of equal length and no layout (each message names the
+        parameter).
+      TypeError: `names` is not a sequence of strings.
 
     Examples:
       >>> import numpy as np, torch, jax.numpy as jnp, lucid
@@ -170,13 +278,13 @@ def from_torch(
         for name, p in zip(_names_of(group, "the lucid optimizer"), group["params"]):
             position[name] = len(position)
             shapes[name] = tuple(p.shape)
-    unknown = set(layouts) - {n for g in theirs for n in _names_of(g, "the torch state_dict")}
+    by_group = _torch_names(theirs, names)
+    unknown = set(layouts) - {n for group_names in by_group for n in group_names}
     if unknown:
         raise ValueError(f"layouts for names the torch state_dict does not have: {sorted(unknown)}")
     state: dict[Any, Any] = {}
     groups = []
-    for index, (group, saved) in enumerate(zip(ours, theirs)):
-        torch_names = _names_of(saved, "the torch state_dict")
+    for index, (group, saved, torch_names) in enumerate(zip(ours, theirs, by_group)):
         targets = [rename.get(n, n) for n in torch_names]
         mine = _names_of(group, "the lucid optimizer")
         if sorted(targets) != sorted(mine):
@@ -188,7 +296,9 @@ def from_torch(
         for torch_id, torch_name, name in zip(saved["params"], torch_names, targets):
             entry = state_dict["state"].get(torch_id)
             if entry:
-                layout = layouts.get(torch_name)
+                layout = layouts.get(torch_name, default_layout)
+                if layout is None and (square := _ambiguous(entry, shapes[name])) is not None:
+                    raise _undeclared(torch_name, square)
                 state[position[name]] = _convert(entry, layout, shapes[name], name, "to_lucid")
         options = {k: v for k, v in saved.items() if k not in ("params", "param_names")}
         groups.append({**options, "params": [position[n] for n in mine], "param_names": mine})
@@ -200,6 +310,7 @@ def to_torch_by_name(
     *,
     rename: Mapping[str, str] | None = None,
     layouts: Mapping[str, StateLayout] | None = None,
+    default_layout: StateLayout | None = None,
 ) -> dict[str, Any]:
     """A named lucid optimizer's state_dict in torch's names and layouts, as tensors.
 
@@ -211,16 +322,23 @@ def to_torch_by_name(
     optimizer with its named parameters in the order the result's
     `param_names` list them (the lucid optimizer's order).
 
+    As for `from_torch`, a state entry with axes of equal length (a square
+    weight's moments) needs its layout declared: it would go to torch the same
+    way transposed or not.
+
     Args:
       state_dict: the lucid optimizer's `state_dict()` (named parameters).
       rename: torch's name -> lucid's, as given to `from_torch`.
       layouts: torch's name -> `StateLayout`, as given to `from_torch`.
+      default_layout: the layout of every parameter not in `layouts`, as given
+        to `from_torch`.
 
     Returns:
       The state_dict torch's optimizer takes.
 
     Raises:
-      ValueError: unnamed parameters.
+      ValueError: unnamed parameters, or a state entry with axes of equal length
+        whose parameter has no layout (the message names it).
 
     Examples:
       >>> import jax.numpy as jnp, lucid
@@ -241,6 +359,9 @@ def to_torch_by_name(
         names = [back.get(n, n) for n in _names_of(group, "the state_dict")]
         for index, name in zip(group["params"], names):
             if state.get(index):
-                state[index] = _convert(state[index], layouts.get(name), (), name, "to_torch")
+                layout = layouts.get(name, default_layout)
+                if layout is None and (square := _ambiguous(state[index], None)) is not None:
+                    raise _undeclared(name, square)
+                state[index] = _convert(state[index], layout, (), name, "to_torch")
         groups.append({**group, "param_names": names})
     return to_torch({"state": state, "param_groups": groups})

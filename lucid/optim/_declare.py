@@ -29,7 +29,11 @@ PARAMS_DOC = entry(
 
 
 def torch_optimizer(
-    signature: Signature, *, step_example: bool = True, reference: str = "torch.optim"
+    signature: Signature,
+    *,
+    step_example: bool = True,
+    reference: str = "torch.optim",
+    saved: tuple[str, ...] = (),
 ) -> Callable[[OptimizerType], OptimizerType]:
     """Give an `Optimizer` subclass torch's constructor.
 
@@ -46,6 +50,10 @@ def torch_optimizer(
         closure), whose docstring then brings its own `Examples:`.
       reference: the package whose signature and numbers the class reproduces
         (`lucid.optim._registry.REFERENCES`); the class is recorded in the registry.
+      saved: the options every state_dict of the class holds in each group, in every
+        version of the reference (torch's group keys less those its `__setstate__`
+        fills in): `load_state_dict` refuses a group without one of them as another
+        optimizer's.
 
     Returns:
       A class decorator.
@@ -71,7 +79,7 @@ def torch_optimizer(
         )
         cls.__init__ = __init__
         cls.torch_signature = signature
-        register(cls, signature, reference)
+        register(cls, signature, reference, saved)
         sections = {
             "Args": PARAMS_DOC + "\n" + signature.args_doc(),
             "Raises": signature.raises_doc(),

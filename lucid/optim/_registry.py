@@ -30,6 +30,10 @@ class Registered:
       rule: the `lucid.functional` rule it runs.
       signature: its constructor's signature (the reference's keywords and defaults).
       reference: the package whose numbers it gives (one of `REFERENCES`).
+      saved: the options every state_dict of the class holds in each group, whatever
+        the reference's version: those the reference has always saved (torch fills the
+        others in when a loaded group lacks them). A group without one of them was
+        saved by another optimizer (`lucid.optim._provenance`).
     """
 
     name: str
@@ -37,12 +41,13 @@ class Registered:
     rule: Rule
     signature: Signature
     reference: str
+    saved: frozenset[str] = frozenset()
 
 
 _REGISTRY: dict[type, Registered] = {}
 
 
-def register(cls: type, signature: Signature, reference: str) -> None:
+def register(cls: type, signature: Signature, reference: str, saved: tuple[str, ...] = ()) -> None:
     """Record ``cls`` (called by ``@torch_optimizer``).
 
     Raises:
@@ -50,7 +55,14 @@ def register(cls: type, signature: Signature, reference: str) -> None:
     """
     if reference not in REFERENCES:
         raise ValueError(f"unknown reference package {reference!r}; expected one of {REFERENCES}")
-    _REGISTRY[cls] = Registered(cls.__name__, cls, cls.rule, signature, reference)  # type: ignore[attr-defined]
+    _REGISTRY[cls] = Registered(
+        cls.__name__,
+        cls,
+        cls.rule,  # type: ignore[attr-defined]
+        signature,
+        reference,
+        frozenset(saved),
+    )
 
 
 def registered(reference: str | None = None) -> list[Registered]:
@@ -61,3 +73,13 @@ def registered(reference: str | None = None) -> list[Registered]:
 def entry_of(cls: Any) -> Registered | None:
     """The registry's entry of exactly ``cls`` (a subclass is not registered), or ``None``."""
     return _REGISTRY.get(cls)
+
+
+def nearest_entry(cls: type) -> Registered | None:
+    """The entry of ``cls`` or of its nearest registered base class (your subclass of
+    `Adam` gets `Adam`'s), or ``None``."""
+    for base in cls.__mro__:
+        entry = _REGISTRY.get(base)
+        if entry is not None:
+            return entry
+    return None

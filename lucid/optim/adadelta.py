@@ -7,7 +7,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(ADADELTA_SIGNATURE)
+@torch_optimizer(ADADELTA_SIGNATURE, saved=("lr", "rho", "eps", "weight_decay"))
 class Adadelta(Optimizer):
     """torch.optim.Adadelta: `lr` (default 1.0) multiplies the delta."""
 

@@ -7,7 +7,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(ADAFACTOR_SIGNATURE)
+@torch_optimizer(ADAFACTOR_SIGNATURE, saved=("lr", "beta2_decay", "eps", "d", "weight_decay"))
 class Adafactor(Optimizer):
     """torch.optim.Adafactor: factored second moment, relative step size, update clipping.
 

@@ -10,7 +10,7 @@ from ._engine import begin, packed_hyper
 from .optimizer import Optimizer
 
 
-@torch_optimizer(ADAGRAD_SIGNATURE)
+@torch_optimizer(ADAGRAD_SIGNATURE, saved=("lr", "lr_decay", "weight_decay", "eps"))
 class Adagrad(Optimizer):
     """torch.optim.Adagrad: ``lr_decay``, ``initial_accumulator_value``.
 

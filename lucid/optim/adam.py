@@ -7,14 +7,14 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(ADAM_SIGNATURE)
+@torch_optimizer(ADAM_SIGNATURE, saved=("lr", "betas", "eps", "weight_decay"))
 class Adam(Optimizer):
     """torch.optim.Adam, with AMSGrad and `decoupled_weight_decay`."""
 
     rule = ADAM
 
 
-@torch_optimizer(ADAMW_SIGNATURE)
+@torch_optimizer(ADAMW_SIGNATURE, saved=("lr", "betas", "eps", "weight_decay"))
 class AdamW(Optimizer):
     """torch.optim.AdamW: Adam with decoupled weight decay (default 1e-2)."""
 

@@ -7,7 +7,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(ADAMAX_SIGNATURE)
+@torch_optimizer(ADAMAX_SIGNATURE, saved=("lr", "betas", "eps", "weight_decay"))
 class Adamax(Optimizer):
     """torch.optim.Adamax: the infinity-norm variant of Adam."""
 

@@ -8,7 +8,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(ASGD_SIGNATURE)
+@torch_optimizer(ASGD_SIGNATURE, saved=("lr", "lambd", "alpha", "t0", "weight_decay"))
 class ASGD(Optimizer):
     """torch.optim.ASGD: SGD with decaying step `eta` and the running average `ax`."""
 

@@ -196,7 +196,7 @@ class BnbOptimizer(Optimizer):
                     raise ValueError(f"state {name!r} of parameter {key!r} must be uint8 codes")
                 values[name] = jnp.asarray(array)
             else:
-                if not np.issubdtype(array.dtype, np.floating):
+                if not jnp.issubdtype(array.dtype, jnp.floating):  # bfloat16 too
                     raise ValueError(f"state {name!r} of parameter {key!r} has dtype {array.dtype}")
                 values[name] = jnp.asarray(array, jnp.float32)
         step = arrays["step"]
@@ -206,6 +206,11 @@ class BnbOptimizer(Optimizer):
         return BnbState(**values)
 
 
+# the options every bitsandbytes group holds (SGD's momentum and dampening as `betas`;
+# `optim_bits`, `min_8bit_size`, ... are attributes of its optimizer, not of a group)
+_SAVED = ("lr", "betas", "eps", "weight_decay")
+
+
 def _declare(name: str, doc: str) -> type[BnbOptimizer]:
     """The class `name` of bitsandbytes, registered for `compile_optimizer`."""
     rule, signature = SPECS[name]
@@ -213,7 +218,9 @@ def _declare(name: str, doc: str) -> type[BnbOptimizer]:
     doc = f"{doc}\n\nExamples:\n{example}"
     cls = type(name, (BnbOptimizer,), {"rule": rule, "__doc__": doc, "__module__": __name__})
     cls.__qualname__ = name
-    return torch_optimizer(signature, step_example=False, reference="bitsandbytes")(cls)
+    return torch_optimizer(signature, step_example=False, reference="bitsandbytes", saved=_SAVED)(
+        cls
+    )
 
 
 _PAGED = " Paging (CUDA unified memory) means nothing in JAX: this is the unpaged class."

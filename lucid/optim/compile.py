@@ -252,6 +252,47 @@ class CompiledOptimizer:
         return f"CompiledOptimizer({self.optimizer!r})"
 
 
+class CompiledScheduleFree(CompiledOptimizer):
+    """A [CompiledOptimizer][lucid.optim.CompiledOptimizer] of a Schedule-Free optimizer
+    in its train/eval form (`AdamWScheduleFree`, `SGDScheduleFree`, ...), with the
+    package's `train()` and `eval()`.
+
+    [compile_optimizer][lucid.compile_optimizer] returns one for those classes. Its
+    `train()` and `eval()` are the optimizer's own: one mode, kept in the groups'
+    `train_mode`, whichever of the optimizer and this handle switches it; switching
+    compiles nothing. The closure forms have no mode (as in the package) and compile
+    to a plain `CompiledOptimizer`.
+
+    Args:
+      optimizer: the Schedule-Free optimizer to run compiled.
+      shard_state_over: as for [CompiledOptimizer][lucid.optim.CompiledOptimizer].
+
+    Examples:
+      >>> import jax.numpy as jnp, lucid
+      >>> w = lucid.Parameter(jnp.array([1.0, -2.0]))
+      >>> opt = lucid.optim.schedulefree.SGDScheduleFree([w], lr=0.1)
+      >>> compiled = lucid.compile_optimizer(opt)
+      >>> compiled.train()
+      >>> for _ in range(2):
+      ...     w.grad = jnp.array([0.5, -1.0])
+      ...     compiled.step()
+      >>> compiled.eval()  # the parameters hold x
+      >>> [round(v, 4) for v in w.data.tolist()], opt.param_groups[0]["train_mode"]
+      ([0.925, -1.85], False)
+    """
+
+    def train(self) -> None:
+        """Switch to train mode, as the optimizer's `train()`: every group in eval mode
+        moves its parameters to y and sets `train_mode`."""
+        self.optimizer.train()  # type: ignore[attr-defined]
+
+    def eval(self) -> None:
+        """Switch to eval mode, as the optimizer's `eval()`: every group in train mode
+        moves its parameters to x (the weights to evaluate and save) and clears
+        `train_mode`."""
+        self.optimizer.eval()  # type: ignore[attr-defined]
+
+
 class BarzilaiBorwein(Optimizer):
     """The compiled form of LBFGS: `lucid.functional.lbfgs`'s closure-less step,
     with its own state (`step`, `prev_param`, `prev_grad`), over the L-BFGS's
@@ -370,7 +411,9 @@ def compile_optimizer(
 
     Returns:
       The [CompiledOptimizer][lucid.optim.CompiledOptimizer] that now runs
-      `optimizer`'s steps.
+      `optimizer`'s steps; for a Schedule-Free optimizer with `train()` and
+      `eval()`, a [CompiledScheduleFree][lucid.optim.CompiledScheduleFree], which
+      has them too.
 
     Raises:
       TypeError: any other class (the message lists the supported ones).
@@ -412,7 +455,9 @@ def compile_optimizer(
     runner = optimizer
     if optimizer.rule is LBFGS_RULE:
         runner = _RUNNERS[optimizer] = BarzilaiBorwein(optimizer)
-    compiled = CompiledOptimizer(runner, shard_state_over)
+    modes = callable(getattr(runner, "train", None)) and callable(getattr(runner, "eval", None))
+    handle = CompiledScheduleFree if modes else CompiledOptimizer
+    compiled = handle(runner, shard_state_over)
     _COMPILED[optimizer] = weakref.ref(compiled)
     return compiled
 

@@ -184,7 +184,19 @@ def _strong_wolfe(
     return bracket_f[low_pos], bracket_g[low_pos], bracket[low_pos], ls_func_evals
 
 
-@torch_optimizer(LBFGS_SIGNATURE, step_example=False)
+@torch_optimizer(
+    LBFGS_SIGNATURE,
+    step_example=False,
+    saved=(
+        "lr",
+        "max_iter",
+        "max_eval",
+        "tolerance_grad",
+        "tolerance_change",
+        "history_size",
+        "line_search_fn",
+    ),
+)
 class LBFGS(Optimizer):
     """torch.optim.LBFGS: ``step(closure)`` runs up to ``max_iter`` L-BFGS iterations.
 

@@ -10,7 +10,19 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(MUON_SIGNATURE)
+@torch_optimizer(
+    MUON_SIGNATURE,
+    saved=(
+        "lr",
+        "weight_decay",
+        "momentum",
+        "nesterov",
+        "ns_coefficients",
+        "eps",
+        "ns_steps",
+        "adjust_lr_fn",
+    ),
+)
 class Muon(Optimizer):
     """torch.optim.Muon: momentum orthogonalized by a bfloat16 Newton-Schulz iteration.
 

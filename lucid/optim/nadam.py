@@ -7,7 +7,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(NADAM_SIGNATURE)
+@torch_optimizer(NADAM_SIGNATURE, saved=("lr", "betas", "eps", "weight_decay", "momentum_decay"))
 class NAdam(Optimizer):
     """torch.optim.NAdam: Dozat's momentum schedule, optional decoupled weight decay."""
 

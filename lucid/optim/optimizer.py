@@ -42,6 +42,7 @@ from ._hooks import (
     run_with_step_hooks,
 )
 from ._live_state import StateMapping
+from ._provenance import check_saved_by, state_saved_by
 from ._torch_format import copy_arrays
 
 ParamsT = Iterable[Parameter] | Iterable[dict[str, Any]]
@@ -821,10 +822,14 @@ class Optimizer:
         """Load a state_dict, lucid's or torch's (torch: `opt.load_state_dict`).
 
         Everything is validated before anything changes: the number and sizes
-        of the groups, every option (torch's checks), and each state entry's
-        names, shapes and dtypes. Options are taken from the saved groups;
-        parameters are matched by position. torch tensors (any float dtype,
-        bfloat16 included) are read as arrays. The load hooks run around it.
+        of the groups, that this optimizer saved them (a group lacking an option
+        every state_dict of it holds, or holding an option only another optimizer
+        has, is another optimizer's: torch loads it and fails at the step), every
+        option (torch's checks), and each state entry's names, shapes and dtypes.
+        Options are taken from the saved groups, those torch fills in when a group
+        lacks them from `defaults`; parameters are matched by position. torch
+        tensors (any float dtype, bfloat16 included) are read as arrays. The load
+        hooks run around it.
 
         Args:
           state_dict: what [state_dict][lucid.optim.Optimizer.state_dict]
@@ -832,7 +837,8 @@ class Optimizer:
             `state_dict()` of the same class and parameters.
 
         Raises:
-          ValueError: the state_dict does not fit this optimizer (nothing changed).
+          ValueError: the state_dict does not fit this optimizer, or another optimizer
+            saved it (the message names both); nothing changed.
 
         Examples:
           >>> import jax.numpy as jnp, lucid
@@ -881,6 +887,22 @@ class Optimizer:
                     "loaded state dict contains a parameter group that doesn't match the size "
                     "of optimizer's group"
                 )
+        names = self.state_names()
+        if self.rule is not None:  # your own optimizer loads any state_dict, as torch's
+            check_saved_by(self, saved_groups, dict(state_dict["state"]), names)
+        try:
+            new_groups, id_map = self._loaded_groups(saved_groups)
+            new_states, extra, others = self._loaded_states(new_groups, id_map, state_dict, names)
+        except ValueError as error:  # options or a state that do not fit: another optimizer's?
+            why = None if self.rule is None else state_saved_by(self, state_dict["state"], names)
+            if why is None:
+                raise
+            raise ValueError(f"{error}; {why}") from None
+        return new_groups, new_states, extra, others
+
+    def _loaded_groups(self, saved_groups: list) -> tuple[list[dict], dict[Any, Parameter]]:
+        """The groups a state_dict's groups give (its options over the defaults, each
+        group's options checked) and its parameter ids mapped to the parameters."""
         id_map: dict[Any, Parameter] = {}
         new_groups = []
         for group, saved in zip(self.param_groups, saved_groups):
@@ -892,11 +914,21 @@ class Optimizer:
             self._validate(merged)
             merged["params"] = group["params"]
             new_groups.append(merged)
+        return new_groups, id_map
+
+    def _loaded_states(
+        self,
+        new_groups: list[dict],
+        id_map: dict[Any, Parameter],
+        state_dict: Mapping[str, Any],
+        names: set[str],
+    ) -> tuple[dict, dict, dict]:
+        """The states, extra entries and non-parameter keys of a state_dict's state,
+        each entry checked; raises ValueError on any mismatch."""
         group_of = {p: g for g in new_groups for p in g["params"]}
         new_states: dict[Parameter, Any] = {}
         extra: dict[Parameter, dict[str, Any]] = {}
         others: dict[Any, Any] = {}
-        names = self.state_names()
         for key, saved_state in dict(state_dict["state"]).items():
             if key not in id_map:
                 if isinstance(key, int | np.integer):
@@ -915,7 +947,7 @@ class Optimizer:
             state = self.import_state(group_of[p], p, saved_state, key)
             if state is not None:
                 new_states[p] = state
-        return new_groups, new_states, extra, others
+        return new_states, extra, others
 
     def constructed(self) -> None:
         """Per-class checks and state at the end of a lucid optimizer's construction

@@ -7,7 +7,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(RADAM_SIGNATURE)
+@torch_optimizer(RADAM_SIGNATURE, saved=("lr", "betas", "eps", "weight_decay"))
 class RAdam(Optimizer):
     """torch.optim.RAdam: rectified Adam, optional `decoupled_weight_decay`."""
 

@@ -7,7 +7,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(RMSPROP_SIGNATURE)
+@torch_optimizer(RMSPROP_SIGNATURE, saved=("lr", "alpha", "eps", "weight_decay"))
 class RMSprop(Optimizer):
     """torch.optim.RMSprop: `centered`, `momentum` (the buffer holds `g / a_t`)."""
 

@@ -7,7 +7,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(RPROP_SIGNATURE)
+@torch_optimizer(RPROP_SIGNATURE, saved=("lr", "etas", "step_sizes"))
 class Rprop(Optimizer):
     """torch.optim.Rprop: per-element step sizes driven by gradient signs."""
 

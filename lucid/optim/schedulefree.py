@@ -73,6 +73,11 @@ def _assign(params: list, values: list) -> None:
         p.data = value
 
 
+# the options the package has always kept in every group
+_SGD_SAVED = ("lr", "momentum", "weight_decay")
+_ADAM_SAVED = ("lr", "betas", "eps", "weight_decay")
+
+
 class _ScheduleFree(Optimizer):
     """What the Schedule-Free classes share: the host bookkeeping of each step, and the
     moves of the parameters between the sequences."""
@@ -273,7 +278,9 @@ def _closure_examples(cls: str, kwargs: str, x: str) -> str:
     """
 
 
-@torch_optimizer(_sf.SGD_SCHEDULEFREE_SIGNATURE, step_example=False, reference="schedulefree")
+@torch_optimizer(
+    _sf.SGD_SCHEDULEFREE_SIGNATURE, step_example=False, reference="schedulefree", saved=_SGD_SAVED
+)
 class SGDScheduleFree(_TrainEval):
     __doc__ = """`schedulefree.SGDScheduleFree`: Schedule-Free SGD with momentum, warm-up and
     polynomial weighting; `train()` / `eval()` switch the parameters between y and x.
@@ -286,7 +293,12 @@ class SGDScheduleFree(_TrainEval):
     rule = _sf.SGD_SCHEDULEFREE
 
 
-@torch_optimizer(_sf.ADAMW_SCHEDULEFREE_SIGNATURE, step_example=False, reference="schedulefree")
+@torch_optimizer(
+    _sf.ADAMW_SCHEDULEFREE_SIGNATURE,
+    step_example=False,
+    reference="schedulefree",
+    saved=_ADAM_SAVED,
+)
 class AdamWScheduleFree(_TrainEval):
     __doc__ = """`schedulefree.AdamWScheduleFree`: Schedule-Free AdamW (the gradient divided by
     √v, bias-corrected; weight decay at y); `train()` / `eval()` switch the parameters
@@ -300,7 +312,12 @@ class AdamWScheduleFree(_TrainEval):
     rule = _sf.ADAMW_SCHEDULEFREE
 
 
-@torch_optimizer(_sf.RADAM_SCHEDULEFREE_SIGNATURE, step_example=False, reference="schedulefree")
+@torch_optimizer(
+    _sf.RADAM_SCHEDULEFREE_SIGNATURE,
+    step_example=False,
+    reference="schedulefree",
+    saved=_ADAM_SAVED,
+)
 class RAdamScheduleFree(_TrainEval):
     __doc__ = """`schedulefree.RAdamScheduleFree`: Schedule-Free RAdam (no warm-up parameter:
     RAdam's rectification is the warm-up); `train()` / `eval()` switch the parameters
@@ -315,7 +332,10 @@ class RAdamScheduleFree(_TrainEval):
 
 
 @torch_optimizer(
-    _sf.SGD_SCHEDULEFREE_CLOSURE_SIGNATURE, step_example=False, reference="schedulefree"
+    _sf.SGD_SCHEDULEFREE_CLOSURE_SIGNATURE,
+    step_example=False,
+    reference="schedulefree",
+    saved=_SGD_SAVED,
 )
 class SGDScheduleFreeClosure(_Closure):
     __doc__ = """`schedulefree.SGDScheduleFreeClosure`: Schedule-Free SGD whose parameters
@@ -325,7 +345,10 @@ class SGDScheduleFreeClosure(_Closure):
 
 
 @torch_optimizer(
-    _sf.ADAMW_SCHEDULEFREE_CLOSURE_SIGNATURE, step_example=False, reference="schedulefree"
+    _sf.ADAMW_SCHEDULEFREE_CLOSURE_SIGNATURE,
+    step_example=False,
+    reference="schedulefree",
+    saved=_ADAM_SAVED,
 )
 class AdamWScheduleFreeClosure(_Closure):
     __doc__ = """`schedulefree.AdamWScheduleFreeClosure`: Schedule-Free AdamW whose parameters
@@ -335,7 +358,10 @@ class AdamWScheduleFreeClosure(_Closure):
 
 
 @torch_optimizer(
-    _sf.RADAM_SCHEDULEFREE_CLOSURE_SIGNATURE, step_example=False, reference="schedulefree"
+    _sf.RADAM_SCHEDULEFREE_CLOSURE_SIGNATURE,
+    step_example=False,
+    reference="schedulefree",
+    saved=_ADAM_SAVED,
 )
 class RAdamScheduleFreeClosure(_Closure):
     __doc__ = """`schedulefree.RAdamScheduleFreeClosure`: Schedule-Free RAdam whose parameters
@@ -349,7 +375,10 @@ class RAdamScheduleFreeClosure(_Closure):
 
 
 @torch_optimizer(
-    _sf.ADAMW_SCHEDULEFREE_PAPER_SIGNATURE, step_example=False, reference="schedulefree"
+    _sf.ADAMW_SCHEDULEFREE_PAPER_SIGNATURE,
+    step_example=False,
+    reference="schedulefree",
+    saved=_ADAM_SAVED,
 )
 class AdamWScheduleFreePaper(_TrainEval):
     __doc__ = """`schedulefree.AdamWScheduleFreePaper`: Schedule-Free AdamW as in the paper's
@@ -404,7 +433,10 @@ def _reference_doc(name: str, prose: str) -> str:
 
 
 @torch_optimizer(
-    _sf.SGD_SCHEDULEFREE_REFERENCE_SIGNATURE, step_example=False, reference="schedulefree"
+    _sf.SGD_SCHEDULEFREE_REFERENCE_SIGNATURE,
+    step_example=False,
+    reference="schedulefree",
+    saved=_SGD_SAVED,
 )
 class SGDScheduleFreeReference(_Reference):
     __doc__ = _reference_doc(
@@ -417,7 +449,10 @@ class SGDScheduleFreeReference(_Reference):
 
 
 @torch_optimizer(
-    _sf.ADAMW_SCHEDULEFREE_REFERENCE_SIGNATURE, step_example=False, reference="schedulefree"
+    _sf.ADAMW_SCHEDULEFREE_REFERENCE_SIGNATURE,
+    step_example=False,
+    reference="schedulefree",
+    saved=_ADAM_SAVED,
 )
 class AdamWScheduleFreeReference(_Reference):
     __doc__ = _reference_doc(

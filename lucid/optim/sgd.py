@@ -8,7 +8,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(SGD_SIGNATURE)
+@torch_optimizer(SGD_SIGNATURE, saved=("lr", "momentum", "dampening", "weight_decay"))
 class SGD(Optimizer):
     """torch.optim.SGD: momentum, dampening, Nesterov, weight decay, maximize.
 

@@ -11,7 +11,7 @@ from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
 
-@torch_optimizer(SPARSE_ADAM_SIGNATURE)
+@torch_optimizer(SPARSE_ADAM_SIGNATURE, saved=("lr", "betas", "eps"))
 class SparseAdam(Optimizer):
     """torch.optim.SparseAdam: lazy Adam on the gradient's present entries.
 

@@ -207,7 +207,9 @@ class AveragedModel:
     """An averaged copy of a model: SWA by default, or an EMA (torch's `AveragedModel`).
 
     `module` is a pytree shaped like `model`, with new Parameters (and, for
-    plain array leaves, copies: torch's buffers). The first
+    plain array leaves, copies: torch's buffers); a Parameter `model` holds in
+    several places (tied weights) is one Parameter in `module`, averaged once,
+    as torch's `deepcopy` keeps the tie. The first
     [update_parameters][lucid.optim.swa_utils.AveragedModel.update_parameters]
     copies the model; each later one averages the model's current values in,
     with `multi_avg_fn` (lists of arrays, new values returned) or `avg_fn`
@@ -280,13 +282,19 @@ class AveragedModel:
         ):
             raise TypeError(f"AveragedModel: {UNBOXED}")
         copies = []
+        made: dict[int, Any] = {}  # torch's deepcopy keeps a tie: a leaf held twice, one copy
         for leaf in leaves:
+            if _is_array(leaf) and id(leaf) in made:
+                copies.append(made[id(leaf)])
+                continue
             value = leaf.data if isinstance(leaf, Parameter) else leaf
             if isinstance(value, jax.Array | np.ndarray):
                 value = jnp.array(value, copy=True)
                 if device is not None:
                     value = jax.device_put(value, device)
             copies.append(Parameter(value) if isinstance(leaf, Parameter) else value)
+            if _is_array(leaf):
+                made[id(leaf)] = copies[-1]
         self.module = jax.tree_util.tree_unflatten(self._treedef, copies)
         self.avg_fn = avg_fn
         self.multi_avg_fn = multi_avg_fn
@@ -313,7 +321,8 @@ class AveragedModel:
 
         Raises:
           ValueError: `model` is not structured like the averaged copy, a
-            Parameter of the copy is not one in `model`, or a value (the
+            Parameter of the copy is not one in `model` (or a tied one is two
+            different Parameters there), or a value (the
             model's or the averaging function's) has a shape that does not
             broadcast to the averaged array's; `multi_avg_fn` returned a
             list of the wrong length.
@@ -344,11 +353,12 @@ class AveragedModel:
                     f"update_parameters: {path} is a Parameter in the averaged copy, but "
                     f"the model holds a {type(theirs).__name__} there"
                 )
+        ties = self._ties(own_leaves, model_leaves, paths)
         positions = [
             i
-            for i, leaf in enumerate(own_leaves)
-            if isinstance(leaf, Parameter)
-            or (self.use_buffers and isinstance(leaf, jax.Array | np.ndarray))
+            for i in ties
+            if isinstance(own_leaves[i], Parameter)
+            or (self.use_buffers and isinstance(own_leaves[i], jax.Array | np.ndarray))
         ]
         averaged = [_value(own_leaves[i]) for i in positions]
         current = []
@@ -384,13 +394,39 @@ class AveragedModel:
                 if not isinstance(leaf, Parameter) and isinstance(leaf, jax.Array | np.ndarray):
                     value = self._placed(jnp.asarray(_value(model_leaves[i])))
                     new[i] = _fitted(value, jnp.asarray(leaf), paths[i], "the model's buffer")
-        for i, value in new.items():  # everything checked: write
+        for i, value in new.items():  # everything checked: write (a tie's every place)
             if isinstance(own_leaves[i], Parameter):
                 own_leaves[i].data = value
             else:
-                own_leaves[i] = value
+                for j in ties.get(i, [i]):
+                    own_leaves[j] = value
         self.module = jax.tree_util.tree_unflatten(self._treedef, own_leaves)
         self.n_averaged = n + 1
+
+    @staticmethod
+    def _ties(own_leaves: list, model_leaves: list, paths: list[str]) -> dict[int, list[int]]:
+        """The averaged copy's array leaves, each once (as torch's `parameters()` and
+        `buffers()` yield a tied one once): `{first position: every position}`.
+
+        Raises:
+          ValueError: a Parameter the copy holds in several places (tied, as in the
+            model it was made from) is not one Parameter in ``model_leaves``.
+        """
+        ties: dict[int, list[int]] = {}
+        first: dict[int, int] = {}
+        for i, leaf in enumerate(own_leaves):
+            if not _is_array(leaf):
+                continue
+            j = first.setdefault(id(leaf), i)
+            ties.setdefault(j, []).append(i)
+            if j != i and isinstance(leaf, Parameter) and model_leaves[i] is not model_leaves[j]:
+                raise ValueError(
+                    f"update_parameters: {paths[j]} and {paths[i]} are one Parameter in the "
+                    "averaged copy (tied, as in the model it was made from), but the model "
+                    "holds two different Parameters there; tie them in the model, or make "
+                    "the AveragedModel from a model without the tie"
+                )
+        return ties
 
     def _placed(self, value: Array) -> Array:
         return value if self.device is None else jax.device_put(value, self.device)

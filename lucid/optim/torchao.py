@@ -164,7 +164,7 @@ class _LowBitAdam(Optimizer):
         if missing:
             raise ValueError(f"state of parameter {key!r} is missing {sorted(missing)}")
         step = np.asarray(to_array(saved["step"]))
-        if step.shape != () or not np.issubdtype(step.dtype, np.number):
+        if step.shape != () or not jnp.issubdtype(step.dtype, jnp.number):
             raise ValueError(f"state 'step' of parameter {key!r} must be a scalar")
         block = int(group["block_size"])
         shape, size = tuple(p.shape), int(np.prod(p.shape))
@@ -204,7 +204,8 @@ class _LowBitAdam(Optimizer):
                     f"no multiple of block_size={block})"
                 )
             array = np.asarray(to_array(value))
-            if array.shape != shape or not np.issubdtype(array.dtype, np.inexact):
+            # jnp's issubdtype knows bfloat16 and the float8 types as floats; NumPy's does not
+            if array.shape != shape or not jnp.issubdtype(array.dtype, jnp.inexact):
                 raise ValueError(
                     f"{where} has shape {array.shape} and dtype {array.dtype}; expected a "
                     f"float array of shape {shape}"
@@ -314,21 +315,26 @@ def to_torchao(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     return {"state": state, "param_groups": groups}
 
 
-@torch_optimizer(ADAM8BIT_SIGNATURE, reference="torchao")
+# the options torchao has always kept in its groups (block_size and bf16_stochastic_round
+# are attributes of its optimizer, not of a group)
+_SAVED = ("lr", "betas", "eps", "weight_decay")
+
+
+@torch_optimizer(ADAM8BIT_SIGNATURE, reference="torchao", saved=_SAVED)
 class Adam8bit(_LowBitAdam):
     """torchao.optim.Adam8bit: Adam with 8-bit block-wise quantized moments (blocks of 256)."""
 
     rule = ADAM8BIT
 
 
-@torch_optimizer(ADAMW8BIT_SIGNATURE, reference="torchao")
+@torch_optimizer(ADAMW8BIT_SIGNATURE, reference="torchao", saved=_SAVED)
 class AdamW8bit(_LowBitAdam):
     """torchao.optim.AdamW8bit: AdamW with 8-bit block-wise quantized moments (blocks of 256)."""
 
     rule = ADAMW8BIT
 
 
-@torch_optimizer(ADAM4BIT_SIGNATURE, reference="torchao")
+@torch_optimizer(ADAM4BIT_SIGNATURE, reference="torchao", saved=_SAVED)
 class Adam4bit(_LowBitAdam):
     """torchao.optim.Adam4bit: Adam with 4-bit quantized moments, two codes a byte
     (blocks of 128)."""
@@ -336,7 +342,7 @@ class Adam4bit(_LowBitAdam):
     rule = ADAM4BIT
 
 
-@torch_optimizer(ADAMW4BIT_SIGNATURE, reference="torchao")
+@torch_optimizer(ADAMW4BIT_SIGNATURE, reference="torchao", saved=_SAVED)
 class AdamW4bit(_LowBitAdam):
     """torchao.optim.AdamW4bit: AdamW with 4-bit quantized moments, two codes a byte
     (blocks of 128)."""
@@ -344,14 +350,14 @@ class AdamW4bit(_LowBitAdam):
     rule = ADAMW4BIT
 
 
-@torch_optimizer(ADAMFP8_SIGNATURE, reference="torchao")
+@torch_optimizer(ADAMFP8_SIGNATURE, reference="torchao", saved=_SAVED)
 class AdamFp8(_LowBitAdam):
     """torchao.optim.AdamFp8: Adam with moments in float8_e4m3fn, scaled per block of 256."""
 
     rule = ADAMFP8
 
 
-@torch_optimizer(ADAMWFP8_SIGNATURE, reference="torchao")
+@torch_optimizer(ADAMWFP8_SIGNATURE, reference="torchao", saved=_SAVED)
 class AdamWFp8(_LowBitAdam):
     """torchao.optim.AdamWFp8: AdamW with moments in float8_e4m3fn, scaled per block of 256."""
 
