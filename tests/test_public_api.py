@@ -12,10 +12,15 @@ importable, undocumented, not part of the API.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
+import re
 import types
+from pathlib import Path
 
+import griffe
 import pytest
+import yaml
 
 import lucid
 
@@ -85,3 +90,65 @@ def test_the_names_the_issue_found_are_gone():
     assert not {"SPECS", "WRAPPED"} & set(dir(lucid.optim.bnb))
     assert "SPECS" not in dir(lucid.functional.bnb)
     assert not {"FORM_OF", "SIGNED", "MOMENTS"} & set(dir(lucid.optim.torchao))
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _site_options() -> dict:
+    """The options the site's mkdocstrings python handler runs with (mkdocs.yml)."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    for plugin in config["plugins"]:
+        if isinstance(plugin, dict) and "mkdocstrings" in plugin:
+            return plugin["mkdocstrings"]["handlers"]["python"]["options"]
+    raise AssertionError("mkdocs.yml configures no mkdocstrings python handler")
+
+
+def _extensions(entries: list) -> griffe.Extensions:
+    """mkdocs.yml's griffe extensions (paths relative to the repository, as mkdocs runs)."""
+    return griffe.load_extensions(
+        *(str(ROOT / e) if isinstance(e, str) and ".py:" in e else e for e in entries)
+    )
+
+
+def _documented_modules() -> list[str]:
+    """Every module a page renders with ``::: name``."""
+    names = set()
+    for page in (ROOT / "docs").rglob("*.md"):
+        for match in re.finditer(r"^::: ([\w.]+)", page.read_text(), flags=re.M):
+            name = match[1]
+            if importlib.util.find_spec(name.rsplit(".", 1)[0]) is None:
+                continue
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue  # an object, not a module
+            if hasattr(module, "__all__") and getattr(module, "__name__", "") == name:
+                names.add(name)
+    return sorted(names)
+
+
+@pytest.mark.parametrize("name", _documented_modules())
+def test_the_site_renders_a_module_as_its_api(name):
+    """A module the docs render (``::: lucid.optim.bnb``) has, as the site's griffe reads it
+    (the extensions of mkdocs.yml, live inspection), exactly ``__all__`` beside its
+    submodules: not ``SPECS``, ``TYPE_CHECKING``, ``Mapping`` or the whole ``Optimizer``."""
+    options = _site_options()
+    assert options["force_inspection"]
+    extensions = _extensions(options["extensions"])
+    module = importlib.import_module(name)
+    members = griffe.inspect(name, extensions=extensions).members
+    shown = {key for key in members if not isinstance(getattr(module, key, None), types.ModuleType)}
+    assert shown == {
+        key for key in module.__all__ if not isinstance(getattr(module, key), types.ModuleType)
+    }
+
+
+def test_the_site_renders_lucid_optim_bnb_as_its_api():
+    """Without tools/griffe_exports.py, griffe shows what lucid.optim.bnb imported: this is
+    what the test above guards against."""
+    options = _site_options()
+    kept = [e for e in options["extensions"] if "griffe_exports" not in str(e)]
+    assert len(kept) < len(options["extensions"])
+    members = griffe.inspect("lucid.optim.bnb", extensions=_extensions(kept)).members
+    assert {"Mapping", "TYPE_CHECKING", "Optimizer"} <= set(members)
