@@ -5,7 +5,7 @@ each, so its source shows a checker ``Adam(params, defaults)``; the package ship
 stubs, written by ``tools/stubs.py`` from the live signatures, and ``py.typed``. These tests
 keep the stubs current, and run mypy (pinned in the ``test`` extra) over calls that spell
 every keyword right, which must pass clean, and over their twins with one keyword
-misspelled, each of which must be flagged: the hand-written pair in ``tests/typing/``
+misspelled, each of which must be flagged: the hand-written pair in ``tests/typecheck/``
 (AdamW, bitsandbytes' AdamW8bit, torchao's AdamW4bit, AdamWScheduleFree, ``adam``, a
 schedule, an LR scheduler, a torch functional form) and a pair written here for every
 registered class and every made factory.
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ROOT / "tests" / "typing"
+CASES = ROOT / "tests" / "typecheck"
 FLAGGED = re.compile(
     r'^(?P<file>[^:]+):(?P<line>\d+): error: Unexpected keyword argument "(?P<kw>\w+)"'
 )
