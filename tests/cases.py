@@ -4,7 +4,6 @@ both sides."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 # (torch class name, options)
@@ -110,28 +109,12 @@ def case_id(case: tuple[str, dict[str, Any]]) -> str:
 
 
 def functional(name: str):
-    """The lucid.functional transform factory for a torch class name."""
-    fn = snake(name)
-    module = importlib.import_module(f"lucid.functional.{'adam' if fn == 'adamw' else fn}")
-    return getattr(module, fn)
+    """The lucid.functional transform factory for a torch class name (the registry's)."""
+    from lucid.optim._registry import named
+
+    return named(name).transform
 
 
 def snake(name: str) -> str:
     """torch class name -> lucid.functional name."""
-    return {
-        "SGD": "sgd",
-        "Adam": "adam",
-        "AdamW": "adamw",
-        "RMSprop": "rmsprop",
-        "Adagrad": "adagrad",
-        "Adadelta": "adadelta",
-        "Adamax": "adamax",
-        "RAdam": "radam",
-        "NAdam": "nadam",
-        "ASGD": "asgd",
-        "Rprop": "rprop",
-        "SparseAdam": "sparse_adam",
-        "LBFGS": "lbfgs",
-        "Adafactor": "adafactor",
-        "Muon": "muon",
-    }[name]
+    return functional(name).__name__

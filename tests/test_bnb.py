@@ -38,7 +38,7 @@ import lucid
 import lucid.functional as LF
 import lucid.optim.bnb as LB
 from lucid.functional.bnb import dequantize_blockwise, dynamic_map, quantize_blockwise
-from lucid.optim._registry import entry_of
+from lucid.optim._registry import entry_of, registered
 
 bnb = pytest.importorskip("bitsandbytes")
 bnbF = pytest.importorskip("bitsandbytes.functional")
@@ -576,7 +576,7 @@ def test_8bit_adam_is_stored_in_at_most_2_05_bytes_per_parameter():
 
 
 # ---------------------------------------------------------------------- the API
-NAMES = [name for name in LB.__all__ if name != "BnbOptimizer"]
+NAMES = [entry.name for entry in registered("bitsandbytes")]
 
 
 def test_every_bitsandbytes_optimizer_class_exists():

@@ -445,6 +445,8 @@ FLUSHED = [
     ("Adagrad", {"initial_accumulator_value": 1e-40}, "initial_accumulator_value"),
     ("Adadelta", {"rho": 1e-40}, "rho"),
     ("NAdam", {"momentum_decay": 1e-40}, "momentum_decay"),
+    ("Adamax", {"betas": (0.9, 1e-40)}, "betas[1]"),
+    ("RAdam", {"weight_decay": 1e-40}, "weight_decay"),
     ("ASGD", {"lambd": 1e-40}, "lambd"),
     ("Rprop", {"step_sizes": (1e-40, 50)}, "step_sizes[0]"),
     ("Adafactor", {"eps": (None, 1e-40)}, "eps[1]"),

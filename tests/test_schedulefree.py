@@ -35,19 +35,15 @@ from oracle import (
 import lucid
 import lucid.functional.schedulefree as LFS
 from lucid.optim import schedulefree as LOS
+from lucid.optim._registry import registered
 
 # the package's other forms: the paper's AdamW, and the Reference forms keeping x and y
 MORE = ["AdamWScheduleFreePaper", "SGDScheduleFreeReference", "AdamWScheduleFreeReference"]
 TRAIN_EVAL = ["SGDScheduleFree", "AdamWScheduleFree", "RAdamScheduleFree", *MORE]
 CLOSURE = ["SGDScheduleFreeClosure", "AdamWScheduleFreeClosure", "RAdamScheduleFreeClosure"]
 ALL = TRAIN_EVAL + CLOSURE
-FACTORY = {  # each train/eval class's pure transform
-    "SGDScheduleFree": LFS.sgd_schedulefree,
-    "AdamWScheduleFree": LFS.adamw_schedulefree,
-    "RAdamScheduleFree": LFS.radam_schedulefree,
-    "AdamWScheduleFreePaper": LFS.adamw_schedulefree_paper,
-    "SGDScheduleFreeReference": LFS.sgd_schedulefree_reference,
-    "AdamWScheduleFreeReference": LFS.adamw_schedulefree_reference,
+FACTORY = {  # each train/eval class's pure transform (the closure forms have none)
+    entry.name: entry.transform for entry in registered("schedulefree") if entry.transform
 }
 GROUP_SCALARS = ("k", "lr_max", "weight_sum", "scheduled_lr", "train_mode")
 RTOL = {"float64": F64_RTOL, "float32": F32_RTOL_FLOOR}

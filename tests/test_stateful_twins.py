@@ -28,20 +28,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import lucid
 import lucid.functional as LF
 
-CLASSES = [
-    "SGD",
-    "Adam",
-    "AdamW",
-    "RMSprop",
-    "Adagrad",
-    "Adadelta",
-    "Adamax",
-    "RAdam",
-    "NAdam",
-    "ASGD",
-    "Rprop",
-    "Adafactor",
-]
+# every class with option sets in tests/cases.py (tests/test_registry.py: those without are
+# tested on their own)
+CLASSES = list(dict.fromkeys(name for name, _ in CASES))
 OPTION_SETS = {name: [opts for n, opts in CASES if n == name] for name in CLASSES}
 VOCAB, WIDTH, HIDDEN, OUT = 130, 128, 33, 129  # embedding 16640 > SMALL; OUT = a piece + 1
 BATCH = 8

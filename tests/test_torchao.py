@@ -46,16 +46,10 @@ from torchao.optim import quant_utils, subclass_4bit, subclass_8bit, subclass_fp
 import lucid  # noqa: E402
 import lucid.functional.torchao as LT  # noqa: E402
 from lucid.functional.torchao.adam import FORM_OF  # noqa: E402
+from lucid.optim._registry import registered  # noqa: E402
 
-NAMES = ("Adam8bit", "AdamW8bit", "Adam4bit", "AdamW4bit", "AdamFp8", "AdamWFp8")
-FUNCTIONAL = {
-    "Adam8bit": LT.adam8bit,
-    "AdamW8bit": LT.adamw8bit,
-    "Adam4bit": LT.adam4bit,
-    "AdamW4bit": LT.adamw4bit,
-    "AdamFp8": LT.adam_fp8,
-    "AdamWFp8": LT.adamw_fp8,
-}
+NAMES = tuple(entry.name for entry in registered("torchao"))
+FUNCTIONAL = {entry.name: entry.transform for entry in registered("torchao")}
 SUBCLASSES = (
     subclass_8bit.OptimState8bit,
     subclass_4bit.OptimState4bit,

@@ -228,6 +228,24 @@ def docstring(prose: str, sections: Mapping[str, str]) -> str:
     return "\n\n".join(parts)
 
 
+_FACTORIES: dict[Signature, Callable[..., optax.GradientTransformation]] = {}
+
+
+def record_factory(
+    signature: Signature, factory: Callable[..., optax.GradientTransformation]
+) -> None:
+    """Record ``factory`` as the functional form made from ``signature`` (one each), for
+    `factory_of` (``lucid.optim._registry``: a class's transform is the one of its signature)."""
+    if _FACTORIES.setdefault(signature, factory) is not factory:
+        raise ValueError(f"a second factory {factory.__name__!r} for one signature")
+
+
+def factory_of(signature: Signature) -> Callable[..., optax.GradientTransformation] | None:
+    """The functional form made from ``signature``, or ``None`` (a form with no transform,
+    such as the Schedule-Free closure classes)."""
+    return _FACTORIES.get(signature)
+
+
 def transform_of(
     rule: Rule,
     signature: Signature,
@@ -276,6 +294,7 @@ def transform_of(
             "Examples": signature.example.transform(name),
         },
     )
+    record_factory(signature, factory)
     return factory
 
 

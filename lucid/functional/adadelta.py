@@ -40,6 +40,11 @@ from ._signature import (
     weight_decay,
 )
 
+__all__ = [
+    "AdadeltaState",
+    "adadelta",
+]
+
 
 class AdadeltaState(NamedTuple):
     """The state of torch.optim.Adadelta, one entry per parameter (torch's names).

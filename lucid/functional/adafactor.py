@@ -59,6 +59,11 @@ from ._signature import (
     weight_decay,
 )
 
+__all__ = [
+    "AdafactorState",
+    "adafactor",
+]
+
 
 class AdafactorState(NamedTuple):
     """The state of torch.optim.Adafactor, one entry per parameter (torch's names).

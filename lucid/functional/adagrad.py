@@ -41,6 +41,11 @@ from ._signature import (
 )
 from .sparse_adam import dense, stored_entries
 
+__all__ = [
+    "AdagradState",
+    "adagrad",
+]
+
 
 class AdagradState(NamedTuple):
     """The state of torch.optim.Adagrad, one entry per parameter (torch's names).

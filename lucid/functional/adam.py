@@ -48,6 +48,12 @@ from ._signature import (
     weight_decay,
 )
 
+__all__ = [
+    "AdamState",
+    "adam",
+    "adamw",
+]
+
 
 class AdamState(NamedTuple):
     """The state of torch.optim.Adam and AdamW, one entry per parameter (torch's names).

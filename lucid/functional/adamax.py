@@ -39,6 +39,11 @@ from ._signature import (
     weight_decay,
 )
 
+__all__ = [
+    "AdamaxState",
+    "adamax",
+]
+
 
 class AdamaxState(NamedTuple):
     """The state of torch.optim.Adamax, one entry per parameter (torch's names).

@@ -40,6 +40,11 @@ from ._signature import (
     weight_decay,
 )
 
+__all__ = [
+    "ASGDState",
+    "asgd",
+]
+
 
 class ASGDState(NamedTuple):
     """The state of torch.optim.ASGD, one entry per parameter (torch's names).

@@ -27,6 +27,13 @@ import jax.numpy as jnp
 
 from ._math import lerp
 
+__all__ = [
+    "Averager",
+    "AveragerState",
+    "ema",
+    "swa",
+]
+
 
 class AveragerState(NamedTuple):
     """The state of an [Averager][lucid.functional.averaging.Averager].

@@ -31,6 +31,10 @@ import optax
 from .._arrays import is_sparse
 from ._math import max_abs, min_abs
 
+__all__ = [
+    "clip_grad_norm",
+]
+
 Array = jax.Array
 
 

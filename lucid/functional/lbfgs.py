@@ -38,6 +38,11 @@ from . import _validate
 from ._rule import Rule
 from ._signature import KEYWORD_ONLY, Arg, Example, Signature, lr, transform_of
 
+__all__ = [
+    "LBFGSState",
+    "lbfgs",
+]
+
 # DESIGN.md's constants: the denominator's guard and the largest step multiplier.
 CURVATURE_EPS = 1e-10
 MAX_ALPHA = 10.0

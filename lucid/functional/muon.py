@@ -57,6 +57,12 @@ from ._math import guard, lerp
 from ._rule import Rule, is_number
 from ._signature import Arg, Example, Signature, eps, lr, transform_of, weight_decay
 
+__all__ = [
+    "MuonState",
+    "muon",
+    "orthogonalize",
+]
+
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
 
 

@@ -50,6 +50,11 @@ from ._signature import (
     weight_decay,
 )
 
+__all__ = [
+    "NAdamState",
+    "nadam",
+]
+
 
 class NAdamState(NamedTuple):
     """The state of torch.optim.NAdam, one entry per parameter (torch's names).

@@ -49,6 +49,11 @@ from ._signature import (
     weight_decay,
 )
 
+__all__ = [
+    "RAdamState",
+    "radam",
+]
+
 
 class RAdamState(NamedTuple):
     """The state of torch.optim.RAdam, one entry per parameter (torch's names).

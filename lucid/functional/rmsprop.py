@@ -42,6 +42,11 @@ from ._signature import (
     weight_decay,
 )
 
+__all__ = [
+    "RMSpropState",
+    "rmsprop",
+]
+
 
 class RMSpropState(NamedTuple):
     """The state of torch.optim.RMSprop, one entry per parameter (torch's names).

@@ -42,6 +42,11 @@ from ._signature import (
     transform_of,
 )
 
+__all__ = [
+    "RpropState",
+    "rprop",
+]
+
 
 class RpropState(NamedTuple):
     """The state of torch.optim.Rprop, one entry per parameter (torch's names).

@@ -100,7 +100,7 @@ from ._rule import (
     pack,
     resolve,
 )
-from ._signature import Arg, Example, Signature, docstring, entry
+from ._signature import Arg, Example, Signature, docstring, entry, record_factory
 
 Array = jax.Array
 
@@ -899,6 +899,7 @@ def _factory(
             "Examples": public.example.transform(f"schedulefree.{name}"),
         },
     )
+    record_factory(public, factory)
     return factory
 
 

@@ -42,6 +42,11 @@ from ._signature import (
     weight_decay,
 )
 
+__all__ = [
+    "SGDState",
+    "sgd",
+]
+
 
 class SGDState(NamedTuple):
     """The state of torch.optim.SGD, one entry per parameter (torch's names).

@@ -45,6 +45,11 @@ from ._math import guard, one_minus_pow
 from ._rule import Rule
 from ._signature import MAXIMIZE, Example, Signature, betas, eps, lr, transform_of
 
+__all__ = [
+    "SparseAdamState",
+    "sparse_adam",
+]
+
 Array = jax.Array
 
 

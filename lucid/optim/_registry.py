@@ -1,5 +1,26 @@
 """The one registry of lucid's optimizer classes.
 
+Adding an optimizer touches these places (a torch.optim one; the other families are alike):
+
+1. ``lucid/functional/<name>.py``: its state, its `Rule`, its `Signature` (torch's
+   keywords, defaults, types and meanings, written once) and ``<name> = transform_of(...)``,
+   listed in the module's ``__all__``.
+2. ``lucid/optim/<name>.py``: ``@torch_optimizer(SIGNATURE) class <Name>(Optimizer)`` with
+   ``rule = ...``; the decorator records it here, which is how `compile_optimizer`, the
+   registry test and the docs check (below) learn of it.
+3. The two exports, one line each in ``lucid/functional/__init__.py`` and
+   ``lucid/optim/__init__.py`` (with their ``__all__``): static, so that type checkers
+   and ``from lucid.optim import *`` see them. Then ``python tools/stubs.py`` writes the
+   stubs (generated; ``tests/test_typing.py`` fails until it is run).
+4. ``tests/cases.py``: the option sets its trajectories are tested with (data: the
+   functional, eager, compiled, stateful and non-finite tests all read this list).
+   ``tests/test_registry.py`` then names every other hand-kept table that must list the
+   new optimizer or give the reason it does not (the bad-input, validation and non-finite
+   tables hold data only a person can write).
+5. ``docs/optimizers/<name>.md`` (its page, in ``mkdocs.yml``'s nav); the overview tables
+   (``docs/optimizers/index.md``, ``docs/reference/optim.md``) are checked against this
+   registry by ``tests/test_registry.py``, which names a missing row.
+
 Every optimizer class that runs a `lucid.functional` rule is declared with
 ``@torch_optimizer(SIGNATURE, reference=...)`` (`lucid.optim._declare`), which
 records it here with its rule, its signature and the package whose numbers it
@@ -15,7 +36,7 @@ import dataclasses
 from typing import Any
 
 from ..functional._rule import Rule
-from ..functional._signature import Signature
+from ..functional._signature import Signature, factory_of
 
 REFERENCES = ("torch.optim", "bitsandbytes", "torchao", "schedulefree")
 
@@ -43,6 +64,13 @@ class Registered:
     reference: str
     saved: frozenset[str] = frozenset()
 
+    @property
+    def transform(self) -> Any:
+        """Its functional form (``lucid.functional.adamw`` for ``AdamW``: the factory made
+        from the same signature), or ``None`` where there is none (Schedule-Free's closure
+        classes)."""
+        return factory_of(self.signature)
+
 
 _REGISTRY: dict[type, Registered] = {}
 
@@ -68,6 +96,18 @@ def register(cls: type, signature: Signature, reference: str, saved: tuple[str, 
 def registered(reference: str | None = None) -> list[Registered]:
     """Every registered optimizer (of ``reference`` only, when given), in declaration order."""
     return [entry for entry in _REGISTRY.values() if reference in (None, entry.reference)]
+
+
+def named(name: str, reference: str = "torch.optim") -> Registered:
+    """The entry of the class ``name`` of ``reference`` (``named("Adam8bit", "torchao")``).
+
+    Raises:
+      KeyError: no such class is registered.
+    """
+    for entry in registered(reference):
+        if entry.name == name:
+            return entry
+    raise KeyError(f"no {reference} optimizer {name!r} is registered")
 
 
 def entry_of(cls: Any) -> Registered | None:

@@ -6,6 +6,10 @@ from ..functional.adadelta import ADADELTA, ADADELTA_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "Adadelta",
+]
+
 
 @torch_optimizer(ADADELTA_SIGNATURE, saved=("lr", "rho", "eps", "weight_decay"))
 class Adadelta(Optimizer):

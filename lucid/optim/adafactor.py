@@ -6,6 +6,10 @@ from ..functional.adafactor import ADAFACTOR, ADAFACTOR_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "Adafactor",
+]
+
 
 @torch_optimizer(ADAFACTOR_SIGNATURE, saved=("lr", "beta2_decay", "eps", "d", "weight_decay"))
 class Adafactor(Optimizer):

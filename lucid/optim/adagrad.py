@@ -9,6 +9,10 @@ from ._declare import torch_optimizer
 from ._engine import begin, packed_hyper
 from .optimizer import Optimizer
 
+__all__ = [
+    "Adagrad",
+]
+
 
 @torch_optimizer(ADAGRAD_SIGNATURE, saved=("lr", "lr_decay", "weight_decay", "eps"))
 class Adagrad(Optimizer):

@@ -6,6 +6,11 @@ from ..functional.adam import ADAM, ADAM_SIGNATURE, ADAMW, ADAMW_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "Adam",
+    "AdamW",
+]
+
 
 @torch_optimizer(ADAM_SIGNATURE, saved=("lr", "betas", "eps", "weight_decay"))
 class Adam(Optimizer):

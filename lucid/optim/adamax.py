@@ -6,6 +6,10 @@ from ..functional.adamax import ADAMAX, ADAMAX_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "Adamax",
+]
+
 
 @torch_optimizer(ADAMAX_SIGNATURE, saved=("lr", "betas", "eps", "weight_decay"))
 class Adamax(Optimizer):

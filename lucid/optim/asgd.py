@@ -7,6 +7,10 @@ from ..functional.asgd import ASGD_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "ASGD",
+]
+
 
 @torch_optimizer(ASGD_SIGNATURE, saved=("lr", "lambd", "alpha", "t0", "weight_decay"))
 class ASGD(Optimizer):

@@ -21,15 +21,16 @@ from typing import TYPE_CHECKING, Any
 import jax.numpy as jnp
 import numpy as np
 
-from ..functional.bnb import SPECS, _quant
+from ..functional.bnb import _quant
 from ..functional.bnb._family import BnbState
+from ..functional.bnb._specs import SPECS as _SPECS
 from ._declare import torch_optimizer
 from .optimizer import Optimizer, to_array
 
 if TYPE_CHECKING:
     from .. import Parameter
 
-WRAPPED = "__bnb_optimizer_quant_state__"
+_WRAPPED = "__bnb_optimizer_quant_state__"
 """The key under which bitsandbytes' `state_dict` keeps each parameter's quantization
 tensors (`state1`, `qmap1`, ...), hidden from FSDP's gathering."""
 
@@ -62,7 +63,7 @@ class BnbOptimizer(Optimizer):
         Returns:
           `step`, the quantization entries and `__bnb_optimizer_quant_state__`.
         """
-        return {"step", WRAPPED, *_QUANT_KEYS}
+        return {"step", _WRAPPED, *_QUANT_KEYS}
 
     def export_state(self, state: Any) -> dict[str, Any]:
         """One parameter's state with bitsandbytes' names: `step` (an int), `state1`,
@@ -112,7 +113,7 @@ class BnbOptimizer(Optimizer):
         for entry in state_dict["state"].values():
             quant = {key: entry.pop(key) for key in _QUANT_KEYS if key in entry}
             if quant:
-                entry[WRAPPED] = quant
+                entry[_WRAPPED] = quant
         return state_dict
 
     def import_state(self, group: Mapping[str, Any], p: Parameter, saved: Any, key: Any) -> Any:
@@ -137,7 +138,7 @@ class BnbOptimizer(Optimizer):
         if not isinstance(saved, Mapping):
             raise ValueError(f"state of parameter {key!r} must be a dict")
         saved = dict(saved)
-        saved.update(saved.pop(WRAPPED, {}))
+        saved.update(saved.pop(_WRAPPED, {}))
         if not saved:
             return None
         known = {"step", *_QUANT_KEYS}
@@ -213,7 +214,7 @@ _SAVED = ("lr", "betas", "eps", "weight_decay")
 
 def _declare(name: str, doc: str) -> type[BnbOptimizer]:
     """The class `name` of bitsandbytes, registered for `compile_optimizer`."""
-    rule, signature = SPECS[name]
+    rule, signature = _SPECS[name]
     example = textwrap.indent(signature.example.optimizer(f"bnb.{name}"), "  ")
     doc = f"{doc}\n\nExamples:\n{example}"
     cls = type(name, (BnbOptimizer,), {"rule": rule, "__doc__": doc, "__module__": __name__})

@@ -30,6 +30,13 @@ from ._engine import CompiledBackend
 from ._registry import entry_of, registered
 from .optimizer import Optimizer
 
+__all__ = [
+    "CompiledOptimizer",
+    "FusedStep",
+    "compile_optimizer",
+    "fused_step",
+]
+
 
 def _forwarded(name: str) -> Callable:
     """`Optimizer.<name>` as a method of `CompiledOptimizer` that forwards to the optimizer

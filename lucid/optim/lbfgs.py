@@ -30,6 +30,10 @@ from ..functional.sparse_adam import dense
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "LBFGS",
+]
+
 
 def _copy_arrays(values: list) -> list:
     return [jnp.array(v, copy=True) if isinstance(v, jax.Array) else v for v in values]

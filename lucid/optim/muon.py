@@ -9,6 +9,10 @@ from ..functional.muon import MUON, MUON_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "Muon",
+]
+
 
 @torch_optimizer(
     MUON_SIGNATURE,

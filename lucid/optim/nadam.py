@@ -6,6 +6,10 @@ from ..functional.nadam import NADAM, NADAM_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "NAdam",
+]
+
 
 @torch_optimizer(NADAM_SIGNATURE, saved=("lr", "betas", "eps", "weight_decay", "momentum_decay"))
 class NAdam(Optimizer):

@@ -6,6 +6,10 @@ from ..functional.radam import RADAM, RADAM_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "RAdam",
+]
+
 
 @torch_optimizer(RADAM_SIGNATURE, saved=("lr", "betas", "eps", "weight_decay"))
 class RAdam(Optimizer):

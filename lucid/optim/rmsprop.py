@@ -6,6 +6,10 @@ from ..functional.rmsprop import RMSPROP, RMSPROP_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "RMSprop",
+]
+
 
 @torch_optimizer(RMSPROP_SIGNATURE, saved=("lr", "alpha", "eps", "weight_decay"))
 class RMSprop(Optimizer):

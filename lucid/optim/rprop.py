@@ -6,6 +6,10 @@ from ..functional.rprop import RPROP, RPROP_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "Rprop",
+]
+
 
 @torch_optimizer(RPROP_SIGNATURE, saved=("lr", "etas", "step_sizes"))
 class Rprop(Optimizer):

@@ -7,6 +7,10 @@ from ..functional.sgd import SGD_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "SGD",
+]
+
 
 @torch_optimizer(SGD_SIGNATURE, saved=("lr", "momentum", "dampening", "weight_decay"))
 class SGD(Optimizer):

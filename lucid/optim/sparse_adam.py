@@ -10,6 +10,10 @@ from ..functional.sparse_adam import SPARSE_ADAM, SPARSE_ADAM_SIGNATURE
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 
+__all__ = [
+    "SparseAdam",
+]
+
 
 @torch_optimizer(SPARSE_ADAM_SIGNATURE, saved=("lr", "betas", "eps"))
 class SparseAdam(Optimizer):

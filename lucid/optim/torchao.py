@@ -28,27 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._arrays import to_array
+from ..functional.torchao import adam as _rules
 from ..functional.torchao._quant import FP8, qmap
-from ..functional.torchao.adam import (
-    ADAM4BIT,
-    ADAM4BIT_SIGNATURE,
-    ADAM8BIT,
-    ADAM8BIT_SIGNATURE,
-    ADAMFP8,
-    ADAMFP8_SIGNATURE,
-    ADAMW4BIT,
-    ADAMW4BIT_SIGNATURE,
-    ADAMW8BIT,
-    ADAMW8BIT_SIGNATURE,
-    ADAMWFP8,
-    ADAMWFP8_SIGNATURE,
-    FORM_OF,
-    MOMENTS,
-    SIGNED,
-    LowBitAdamState,
-    first_key,
-    is_quantized,
-)
+from ..functional.torchao.adam import LowBitAdamState, first_key, is_quantized
 from ._declare import torch_optimizer
 from ._torch_format import to_torch
 from .optimizer import Optimizer
@@ -80,7 +62,7 @@ class _LowBitAdam(Optimizer):
         Returns:
           `step` and the moments' names.
         """
-        return {"step", *MOMENTS}
+        return {"step", *_rules.MOMENTS}
 
     def export_state(self, state: Any) -> dict[str, Any]:
         """A parameter's state as torchao shows it: ``step``, and each moment as a plain
@@ -93,9 +75,9 @@ class _LowBitAdam(Optimizer):
         Returns:
           `{name: value}` with torchao's names.
         """
-        form = FORM_OF[self.rule]
+        form = _rules.FORM_OF[self.rule]
         shown: dict[str, Any] = {"step": _copy(state.step)}
-        for name in MOMENTS:
+        for name in _rules.MOMENTS:
             codes, scale = getattr(state, name), getattr(state, name + "_scale")
             if codes is None:
                 continue
@@ -104,7 +86,7 @@ class _LowBitAdam(Optimizer):
                 continue
             entry = {"codes": _copy(codes), "scale": _copy(scale)}
             if form != "fp8":
-                entry["qmap"] = jnp.asarray(qmap(8 if form == "8bit" else 4, SIGNED[name]))
+                entry["qmap"] = jnp.asarray(qmap(8 if form == "8bit" else 4, _rules.SIGNED[name]))
             shown[name] = entry
         return shown
 
@@ -119,7 +101,7 @@ class _LowBitAdam(Optimizer):
           also records the parameter's `"shape"` (its codes are flat, as torchao's).
         """
         state_dict = super().state_dict()
-        if FORM_OF[self.rule] == "4bit":
+        if _rules.FORM_OF[self.rule] == "4bit":
             params = [p for group in self.param_groups for p in group["params"]]
             for index, entry in state_dict["state"].items():
                 if not isinstance(index, int):  # a key that is not a parameter's
@@ -154,11 +136,11 @@ class _LowBitAdam(Optimizer):
         if not saved:
             return None
         name = self.rule.name
-        unknown = set(saved) - {"step", *MOMENTS}
+        unknown = set(saved) - {"step", *_rules.MOMENTS}
         if unknown:
             raise ValueError(
                 f"state of parameter {key!r} has unknown entries {sorted(unknown)} for {name} "
-                f"(expected step, {', '.join(MOMENTS)})"
+                f"(expected step, {', '.join(_rules.MOMENTS)})"
             )
         missing = {"step", "exp_avg", "exp_avg_sq"} - set(saved)
         if missing:
@@ -171,7 +153,7 @@ class _LowBitAdam(Optimizer):
         quantized = is_quantized(size, block)
         fields: dict[str, Any] = {f: None for f in LowBitAdamState._fields}
         fields["step"] = jnp.asarray(step, jnp.float32)
-        for moment in MOMENTS:
+        for moment in _rules.MOMENTS:
             if moment in saved:
                 where = f"state {moment!r} of parameter {key!r}"
                 codes, scale = self._moment(
@@ -193,7 +175,7 @@ class _LowBitAdam(Optimizer):
         quantized: bool,
     ) -> tuple[Any, Any]:
         """One saved moment, checked, as ``(codes or values, scale or None)``."""
-        form = FORM_OF[self.rule]
+        form = _rules.FORM_OF[self.rule]
         parts = _quantized_parts(value)
         size = int(np.prod(shape))
         if not quantized:
@@ -231,7 +213,7 @@ class _LowBitAdam(Optimizer):
                 f"{size // block} (the state was made with another block_size)"
             )
         if form != "fp8":
-            expected = qmap(8 if form == "8bit" else 4, SIGNED[moment])
+            expected = qmap(8 if form == "8bit" else 4, _rules.SIGNED[moment])
             if table is not None and not np.array_equal(np.asarray(table, np.float32), expected):
                 raise ValueError(f"{where} has a code map that is not torchao's for {moment}")
         return jnp.asarray(codes), jnp.asarray(scale, jnp.float32)
@@ -299,8 +281,10 @@ def to_torchao(state_dict: Mapping[str, Any]) -> dict[str, Any]:
         table = to_torch(value["qmap"])
         if "shape" in value:
             shape = tuple(int(d) for d in value["shape"])
-            return OptimState4bit(codes, scale, table, SIGNED[name], shape, dtype=torch.float32)
-        return OptimState8bit(codes, scale, table, SIGNED[name], dtype=torch.float32)
+            return OptimState4bit(
+                codes, scale, table, _rules.SIGNED[name], shape, dtype=torch.float32
+            )
+        return OptimState8bit(codes, scale, table, _rules.SIGNED[name], dtype=torch.float32)
 
     state = {
         index: {name: moment(name, value) for name, value in entry.items()}
@@ -320,45 +304,45 @@ def to_torchao(state_dict: Mapping[str, Any]) -> dict[str, Any]:
 _SAVED = ("lr", "betas", "eps", "weight_decay")
 
 
-@torch_optimizer(ADAM8BIT_SIGNATURE, reference="torchao", saved=_SAVED)
+@torch_optimizer(_rules.ADAM8BIT_SIGNATURE, reference="torchao", saved=_SAVED)
 class Adam8bit(_LowBitAdam):
     """torchao.optim.Adam8bit: Adam with 8-bit block-wise quantized moments (blocks of 256)."""
 
-    rule = ADAM8BIT
+    rule = _rules.ADAM8BIT
 
 
-@torch_optimizer(ADAMW8BIT_SIGNATURE, reference="torchao", saved=_SAVED)
+@torch_optimizer(_rules.ADAMW8BIT_SIGNATURE, reference="torchao", saved=_SAVED)
 class AdamW8bit(_LowBitAdam):
     """torchao.optim.AdamW8bit: AdamW with 8-bit block-wise quantized moments (blocks of 256)."""
 
-    rule = ADAMW8BIT
+    rule = _rules.ADAMW8BIT
 
 
-@torch_optimizer(ADAM4BIT_SIGNATURE, reference="torchao", saved=_SAVED)
+@torch_optimizer(_rules.ADAM4BIT_SIGNATURE, reference="torchao", saved=_SAVED)
 class Adam4bit(_LowBitAdam):
     """torchao.optim.Adam4bit: Adam with 4-bit quantized moments, two codes a byte
     (blocks of 128)."""
 
-    rule = ADAM4BIT
+    rule = _rules.ADAM4BIT
 
 
-@torch_optimizer(ADAMW4BIT_SIGNATURE, reference="torchao", saved=_SAVED)
+@torch_optimizer(_rules.ADAMW4BIT_SIGNATURE, reference="torchao", saved=_SAVED)
 class AdamW4bit(_LowBitAdam):
     """torchao.optim.AdamW4bit: AdamW with 4-bit quantized moments, two codes a byte
     (blocks of 128)."""
 
-    rule = ADAMW4BIT
+    rule = _rules.ADAMW4BIT
 
 
-@torch_optimizer(ADAMFP8_SIGNATURE, reference="torchao", saved=_SAVED)
+@torch_optimizer(_rules.ADAMFP8_SIGNATURE, reference="torchao", saved=_SAVED)
 class AdamFp8(_LowBitAdam):
     """torchao.optim.AdamFp8: Adam with moments in float8_e4m3fn, scaled per block of 256."""
 
-    rule = ADAMFP8
+    rule = _rules.ADAMFP8
 
 
-@torch_optimizer(ADAMWFP8_SIGNATURE, reference="torchao", saved=_SAVED)
+@torch_optimizer(_rules.ADAMWFP8_SIGNATURE, reference="torchao", saved=_SAVED)
 class AdamWFp8(_LowBitAdam):
     """torchao.optim.AdamWFp8: AdamW with moments in float8_e4m3fn, scaled per block of 256."""
 
-    rule = ADAMWFP8
+    rule = _rules.ADAMWFP8

@@ -8,12 +8,6 @@ with one float32 absmax per block of 256 elements, for parameters of at least
 `min_8bit_size` elements; 32-bit state otherwise.
 """
 
-from . import adagrad as _adagrad_family
-from . import adam as _adam_family
-from . import ademamix as _ademamix_family
-from . import lion as _lion_family
-from . import rmsprop as _rmsprop_family
-from . import sgd as _sgd_family
 from ._family import BnbState
 from ._quant import BLOCK_SIZE, dequantize_blockwise, dynamic_map, quantize_blockwise
 from .adagrad import (
@@ -67,16 +61,6 @@ from .sgd import (
     sgd8bit,
     sgd32bit,
 )
-
-SPECS = {
-    **_adagrad_family.SPECS,
-    **_adam_family.SPECS,
-    **_ademamix_family.SPECS,
-    **_lion_family.SPECS,
-    **_rmsprop_family.SPECS,
-    **_sgd_family.SPECS,
-}
-"""`{bitsandbytes class name: (rule, signature)}` of every class (`lucid.optim.bnb`'s)."""
 
 __all__ = [
     "BLOCK_SIZE",

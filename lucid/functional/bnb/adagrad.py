@@ -24,6 +24,12 @@ from .._rule import is_zero
 from .._signature import Arg, Example, Signature, eps, lr
 from . import _family as F
 
+__all__ = [
+    "adagrad",
+    "adagrad8bit",
+    "adagrad32bit",
+]
+
 
 def _step32(p, g, s1, s2, h, t, flags):
     if flags["use_weight_decay"]:

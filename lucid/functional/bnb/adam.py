@@ -33,6 +33,24 @@ from .._rule import is_zero
 from .._signature import Arg, Example, Signature, betas, eps, lr
 from . import _family as F
 
+__all__ = [
+    "adam",
+    "adam8bit",
+    "adam32bit",
+    "adamw",
+    "adamw8bit",
+    "adamw32bit",
+    "lamb",
+    "lamb8bit",
+    "lamb32bit",
+    "paged_adam",
+    "paged_adam8bit",
+    "paged_adam32bit",
+    "paged_adamw",
+    "paged_adamw8bit",
+    "paged_adamw32bit",
+]
+
 
 def _step32(p, g, s1, s2, h, t, flags):
     s1 = h["one_minus_beta1"] * g + F.rounded(s1, h["beta1"])

@@ -37,6 +37,15 @@ from .._rule import is_number, is_zero
 from .._signature import Arg, Example, Signature, eps, lr
 from . import _family as F
 
+__all__ = [
+    "ademamix",
+    "ademamix8bit",
+    "ademamix32bit",
+    "paged_ademamix",
+    "paged_ademamix8bit",
+    "paged_ademamix32bit",
+]
+
 
 def _beta3(h, t, flags):
     """`(beta3_t, 1 - beta3_t)`, scheduled when `t_beta3` is on (accurate near 1)."""

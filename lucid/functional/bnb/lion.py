@@ -24,6 +24,15 @@ from .._rule import is_zero
 from .._signature import Arg, Example, Signature, betas, lr
 from . import _family as F
 
+__all__ = [
+    "lion",
+    "lion8bit",
+    "lion32bit",
+    "paged_lion",
+    "paged_lion8bit",
+    "paged_lion32bit",
+]
+
 
 def _step32(p, g, s1, s2, h, t, flags):
     p = F.decayed(p, h, flags)

@@ -27,6 +27,15 @@ from .._rule import is_zero
 from .._signature import Arg, Example, Signature, lr
 from . import _family as F
 
+__all__ = [
+    "lars",
+    "lars8bit",
+    "lars32bit",
+    "sgd",
+    "sgd8bit",
+    "sgd32bit",
+]
+
 
 def _step32(p, g, s1, s2, h, t, flags):
     if flags["use_weight_decay"]:

@@ -29,6 +29,11 @@ import jax.numpy as jnp
 from ._core import Schedule
 from ._ops import ArrayOps, default_float_dtype
 
+__all__ = [
+    "chained",
+    "sequential",
+]
+
 
 def validate_sequential(n_schedules: int, milestones: Sequence[int], name: str) -> None:
     """torch's SequentialLR checks on counts (wording included)."""

@@ -34,6 +34,11 @@ import jax.numpy as jnp
 from ._core import Schedule, from_formula
 from ._ops import PYTHON, Scalar, default_float_dtype
 
+__all__ = [
+    "cosine_annealing_lr",
+    "cosine_annealing_warm_restarts",
+]
+
 
 def cosine_annealing_lr_at(
     t: Any, base_lr: Any, T_max: Any, eta_min: float, ops: Any = PYTHON

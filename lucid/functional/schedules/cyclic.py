@@ -25,6 +25,11 @@ from typing import Any, NamedTuple
 from ._core import Schedule, from_formula
 from ._ops import PYTHON, Scalar
 
+__all__ = [
+    "cyclic_lr",
+    "cyclic_momentum",
+]
+
 MODES = ("triangular", "triangular2", "exp_range")
 
 

@@ -35,6 +35,17 @@ import jax.numpy as jnp
 from ._core import Schedule, from_formula
 from ._ops import PYTHON, Scalar
 
+__all__ = [
+    "constant_lr",
+    "exponential_lr",
+    "lambda_lr",
+    "linear_lr",
+    "multi_step_lr",
+    "multiplicative_lr",
+    "polynomial_lr",
+    "step_lr",
+]
+
 # -- formulas shared with lucid.optim.lr_scheduler (ops=PYTHON there) ---------------------
 
 

@@ -26,6 +26,11 @@ from typing import Any
 from ._core import Schedule, from_formula
 from ._ops import PYTHON, Scalar
 
+__all__ = [
+    "one_cycle_lr",
+    "one_cycle_momentum",
+]
+
 # phase tables: (end_step key names), as torch stores them in _schedule_phases
 _LR_KEYS = ("start_lr", "end_lr")
 _MOMENTUM_KEYS = ("start_momentum", "end_momentum")

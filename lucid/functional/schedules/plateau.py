@@ -23,6 +23,12 @@ import jax.numpy as jnp
 
 from ._ops import PYTHON, ArrayOps, default_float_dtype
 
+__all__ = [
+    "Plateau",
+    "PlateauState",
+    "reduce_lr_on_plateau",
+]
+
 
 def validate_plateau(factor: float, mode: str, threshold_mode: str) -> None:
     """torch's checks and wording (factor first, then the modes)."""

@@ -17,6 +17,10 @@ from typing import Any
 from ._core import Schedule, from_formula
 from ._ops import PYTHON, Scalar
 
+__all__ = [
+    "noam",
+]
+
 
 def validate_noam(d_model: Any, warmup_steps: Any) -> None:
     if isinstance(d_model, bool) or not d_model > 0:

@@ -62,6 +62,17 @@ from ..bnb._quant import chunk_blocks, chunkable, in_chunks
 from ._quant import FP8, block_scale, dequantize, encode
 from ._quant import bf16_stochastic_round as round_bf16_stochastically
 
+__all__ = [
+    "LowBitAdamState",
+    "adam4bit",
+    "adam8bit",
+    "adam_fp8",
+    "adamw4bit",
+    "adamw8bit",
+    "adamw_fp8",
+    "is_quantized",
+]
+
 QUANTIZE_MIN_SIZE = 4096
 """torchao quantizes a tensor's state only from this many elements on."""
 
