@@ -367,9 +367,6 @@ def test_compiled_matches_the_package(name):
     _run(pair, 2)
 
 
-TRAIN_EVAL = [name for name in ALL if not name.endswith("Closure")]
-
-
 @pytest.mark.parametrize("name", TRAIN_EVAL)
 def test_the_compiled_handle_switches_modes_as_the_package(name):
     """`compile_optimizer` returns a handle with the package's `train()` and `eval()`,
