@@ -114,9 +114,7 @@ def run(family, data, where, axes, compiled, off):
     space), and, on one device (``where`` None), the largest magnitude each took over
     the steps, its start included."""
     init, grads = data
-    # not in eager runs: an empty parameter in a group of its own beside a large one
-    # fails the eager step's second call (IndexError in the eager flat plan)
-    keys = [k for k in init if compiled or k != "s0"]
+    keys = list(init)
 
     def put(k, v):
         if where is None or k in off:

@@ -12,13 +12,18 @@ collective timeouts on a loaded machine: tests/_distributed.py.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import pytest
-from _distributed import HOST_DEVICES, free_port, rendezvous_flags, run_processes
+from _distributed import (
+    HOST_DEVICES,
+    free_port,
+    rendezvous_flags,
+    run_host_program,
+    run_processes,
+)
 
 HERE = Path(__file__).parent
 pytestmark = HOST_DEVICES
@@ -41,12 +46,7 @@ def _env(devices: int) -> dict[str, str]:
 
 
 def _run(args: list[str], env: dict[str, str]) -> str:
-    result = subprocess.run(
-        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=TIMEOUT
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.strip().endswith("OK"), result.stdout[-2000:]
-    return result.stdout
+    return run_host_program(args, env, TIMEOUT).stdout
 
 
 def test_one_device_ignores_shard_state_over_and_compiling_twice_must_agree():

@@ -32,8 +32,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from _distributed import HOST_DEVICES as MACHINE_ALONE
 from _distributed import free_port, rendezvous_flags, run_processes
 from _markdown import Block, Container, fenced_blocks, python_blocks
 
@@ -137,12 +139,16 @@ def _run_program(name: str, number: int, block: Block, count: int, cwd: Path) ->
             pytest.fail(f"{where} raised:\n{err[-6000:]}", pytrace=False)
 
 
-@pytest.mark.parametrize("page", PYTHON_PAGES, ids=_name)
-def test_page_runs_as_shown(page: Path, tmp_path: Path, request: pytest.FixtureRequest):
+def _param(page: Path) -> Any:
+    """A page, marked to hold the machine alone where it runs several host devices or
+    processes (tests/_distributed.py's ``HOST_DEVICES``)."""
+    several = _name(page) in HOST_DEVICES or any(map(_processes, python_blocks(page.read_text())))
+    return pytest.param(page, id=_name(page), marks=[MACHINE_ALONE] if several else [])
+
+
+@pytest.mark.parametrize("page", [_param(page) for page in PYTHON_PAGES])
+def test_page_runs_as_shown(page: Path, tmp_path: Path):
     name = _name(page)
-    if name in HOST_DEVICES or any(map(_processes, python_blocks(page.read_text()))):
-        # several host devices or processes: one such job at a time (tests/_distributed.py)
-        request.getfixturevalue("one_host_devices_job_at_a_time")
     stdout = run_page(name, page.read_text(), tmp_path, HOST_DEVICES.get(name))
     if name in HOST_DEVICES:
         assert f"devices: {HOST_DEVICES[name]}" in stdout, stdout[-2000:]

@@ -15,7 +15,6 @@ import importlib
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import numpy as np
 import optax
 import pytest
 import torch
-from _distributed import HOST_DEVICES, rendezvous_flags
+from _distributed import HOST_DEVICES, rendezvous_flags, run_host_program
 
 import lucid
 import lucid.functional as LF
@@ -399,12 +398,4 @@ def test_parameters_on_several_devices_step_clip_and_refuse_a_misplaced_gradient
     the assignment, naming both placements and `jax.device_put`."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "JAX_PLATFORMS": "cpu"}
     env["XLA_FLAGS"] = " ".join(["--xla_force_host_platform_device_count=8", *rendezvous_flags()])
-    result = subprocess.run(
-        [sys.executable, str(HERE / "_placement_script.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.strip().endswith("OK"), result.stdout[-2000:]
+    run_host_program([str(HERE / "_placement_script.py")], env, 400)
