@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._arrays import to_array
-from ..functional.torchao._quant import FP8, qmap
+from ..functional._lowbit.floats import FP8
+from ..functional.torchao import qmap
 from ..functional.torchao.adam import (
     ADAM4BIT,
     ADAM4BIT_SIGNATURE,

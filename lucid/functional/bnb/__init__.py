@@ -8,6 +8,7 @@ with one float32 absmax per block of 256 elements, for parameters of at least
 `min_8bit_size` elements; 32-bit state otherwise.
 """
 
+from .._lowbit.bnb import BLOCK_SIZE, dequantize_blockwise, dynamic_map, quantize_blockwise
 from . import adagrad as _adagrad_family
 from . import adam as _adam_family
 from . import ademamix as _ademamix_family
@@ -15,7 +16,6 @@ from . import lion as _lion_family
 from . import rmsprop as _rmsprop_family
 from . import sgd as _sgd_family
 from ._family import BnbState
-from ._quant import BLOCK_SIZE, dequantize_blockwise, dynamic_map, quantize_blockwise
 from .adagrad import (
     adagrad,
     adagrad8bit,
