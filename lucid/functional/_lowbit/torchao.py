@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import blockwise, floats, nearest
 from .codes import qmap
@@ -35,7 +36,8 @@ SCALE_FLOOR = 1e-12
 """torchao clips every block's max |x| from below by this."""
 
 
-def _table(form: str, signed: bool):
+def _table(form: str, signed: bool) -> np.ndarray:
+    """The code map of an 8- or 4-bit form."""
     return qmap(8 if form == "8bit" else 4, signed)
 
 
