@@ -11,7 +11,7 @@ GPT-2 of width 256, 4 blocks and a 8192-token vocabulary), it prints:
   (each distinct shape compiled on its own as one jitted update, hyper-parameters as
   arguments as the compiled step passes them), over the parameter count (on the CPU a
   state of whole blocks is updated by a loop over chunks, `in_chunks` of
-  `lucid.functional.bnb._quant`, whose body the cost analysis counts once: there this is
+  `lucid.functional._lowbit.chunks`, whose body the cost analysis counts once: there this is
   one chunk's bytes, not the step's);
 * ``floor``: the bytes each parameter must move in one pass (float32 parameters: read
   p and g, write p, 12 bytes; and read and write each moment: float32 4 + 4, 8-bit

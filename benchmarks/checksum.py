@@ -81,6 +81,14 @@ def _class(path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+def _leaves(key: str, value: Any) -> list[tuple[str, Any]]:
+    """A state entry's arrays with their dotted keys, nested mappings (bitsandbytes'
+    ``__bnb_optimizer_quant_state__``) entered in sorted order."""
+    if isinstance(value, dict):
+        return [leaf for name in sorted(value) for leaf in _leaves(f"{key}.{name}", value[name])]
+    return [(key, value)]
+
+
 def _digest_of(params: list, opt: Any) -> str:
     import numpy as np
 
@@ -91,9 +99,11 @@ def _digest_of(params: list, opt: Any) -> str:
         h.update(a.tobytes())
     sd = opt.state_dict()
     for index in sorted(sd["state"]):
-        for name in sorted(sd["state"][index]):
-            a = np.asarray(sd["state"][index][name])
-            h.update(f"{index}.{name}{a.dtype}{a.shape}".encode())
+        for key, value in _leaves(str(index), sd["state"][index]):
+            a = np.asarray(value)
+            if a.dtype == object:  # its bytes would be pointers, different every run
+                raise TypeError(f"state entry {key} is no array: {type(value).__name__}")
+            h.update(f"{key}{a.dtype}{a.shape}".encode())
             h.update(a.tobytes())
     for group in sd["param_groups"]:
         h.update(repr(sorted((k, v) for k, v in group.items() if k != "params")).encode())

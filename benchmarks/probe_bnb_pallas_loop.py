@@ -22,9 +22,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 from probe_bnb_pallas import ADAM, FLAGS, _scalars
 
-from lucid.functional.bnb import _family, _pallas, _quant
+from lucid.functional._lowbit import blockwise, nearest
+from lucid.functional._lowbit import bnb as codec
+from lucid.functional.bnb import _family, _pallas
 
-B = _quant.BLOCK_SIZE
+B = codec.BLOCK_SIZE
 
 
 def looped(p, g, state, *, per_program, warps, stages, sub=1):
@@ -38,8 +40,8 @@ def looped(p, g, state, *, per_program, warps, stages, sub=1):
         .set(jnp.stack([jnp.asarray(h[k], jnp.float32) for k in names]))
     )
     rule = _pallas._rule_in_kernel(ADAM, FLAGS, exact=True)
-    map1, lut1 = (jnp.asarray(t) for t in _quant.code_tables(True))
-    map2, lut2 = (jnp.asarray(t) for t in _quant.code_tables(False))
+    map1, lut1 = (jnp.asarray(t) for t in codec.code_tables(True))
+    map2, lut2 = (jnp.asarray(t) for t in codec.code_tables(False))
 
     def body(
         s_ref, m1, l1, m2, l2, p_ref, g_ref, c1_ref, a1_ref, c2_ref, a2_ref, po, c1o, a1o, c2o, a2o
@@ -52,11 +54,11 @@ def looped(p, g, state, *, per_program, warps, stages, sub=1):
             s2 = m2[c2_ref[rows, :].astype(jnp.int32)] * a2_ref[rows][:, None]
             new_p, s1, s2 = rule(p_ref[rows, :], g_ref[rows, :], s1, s2, hyper)
             po[rows, :] = new_p
-            am1 = _quant.row_absmax(s1)
-            c1o[rows, :] = l1[_quant.table_index(s1, am1)]
+            am1 = blockwise.absmax_ignoring_nan(s1)
+            c1o[rows, :] = l1[nearest.table_index(s1, am1)]
             a1o[rows] = am1
-            am2 = _quant.row_absmax(s2)
-            c2o[rows, :] = l2[_quant.table_index(s2, am2)]
+            am2 = blockwise.absmax_ignoring_nan(s2)
+            c2o[rows, :] = l2[nearest.table_index(s2, am2)]
             a2o[rows] = am2
             return carry
 

@@ -91,25 +91,25 @@ def test_quantize_and_dequantize_blockwise_equal_bitsandbytes(signed):
 def test_in_chunks_gives_the_whole_arrays_numbers(chunk):
     """`in_chunks` (the CPU's loop over chunks of blocks, then the remainder) quantizes
     exactly as one call on the whole array does, values of every magnitude and NaN."""
-    from lucid.functional.bnb._quant import in_chunks
+    from lucid.functional._lowbit.chunks import in_chunks
 
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((131, 256)) * 10.0 ** rng.integers(-8, 3, (131, 1))).astype(np.float32)
     x[7, 3] = np.nan
     x[40] = 0.0
     x = jnp.asarray(x)
-    carry = (jnp.zeros((131, 256), jnp.uint8), jnp.zeros((131,), jnp.float32))
+    state = (jnp.zeros((131, 256), jnp.uint8), jnp.zeros((131,), jnp.float32))
     run = jax.jit(
-        lambda c, x: in_chunks(quantize_blockwise_body, c, (x,), ((0, 0), (0,)), 131, chunk)
+        lambda x, state: in_chunks(quantize_step, x, x, *state, block_size=256, chunk=chunk)
     )
-    codes, absmax = run(carry, x)
+    _, codes, absmax = run(x, state)
     want_codes, want_absmax = quantize_blockwise(x)
     np.testing.assert_array_equal(np.asarray(codes), np.asarray(want_codes))
     np.testing.assert_array_equal(np.asarray(absmax), np.asarray(want_absmax))
 
 
-def quantize_blockwise_body(codes, absmax, x):
-    return quantize_blockwise(x)
+def quantize_step(p, g, codes, absmax):
+    return (p, *quantize_blockwise(g))
 
 
 def test_quantize_blockwise_keeps_the_shape_and_jits():
@@ -316,11 +316,11 @@ def test_a_state_of_whole_blocks_runs_in_chunks_with_bitsandbytes_numbers(name, 
     """A parameter of whole blocks takes the CPU's chunked program (`in_chunks`, here a
     loop of two chunks and a remainder); eager and compiled, its trajectory is
     bitsandbytes' (codes, absmax and parameters)."""
-    from lucid.functional.bnb._quant import chunk_blocks, chunkable
+    from lucid.functional._lowbit.chunks import chunk_blocks, chunkable
 
     blocks = CHUNKED[0] * CHUNKED[1] // 256
-    assert chunkable(blocks * 256) == (jax.device_count() == 1)
-    assert blocks // chunk_blocks() == 2 and blocks % chunk_blocks()
+    assert chunkable(blocks * 256, 256) == (jax.device_count() == 1)
+    assert blocks // chunk_blocks(256) == 2 and blocks % chunk_blocks(256)
     rng = np.random.default_rng(11)
     big, small = (rng.standard_normal(s).astype(np.float32) for s in (CHUNKED, SMALL))
     grads = [

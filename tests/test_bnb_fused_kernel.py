@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lucid.functional.bnb import _family, _pallas, _quant
+from lucid.functional.bnb import _family, _pallas, quantize_blockwise
 
 ON_GPU = jax.default_backend() == "gpu"
 INTERPRET = not ON_GPU
@@ -61,10 +61,10 @@ def _state(kernel, shape, rng) -> _family.BnbState:
     s2 = jnp.asarray(0.01 * rng.random(shape), jnp.float32)
     if kernel.name in ("rmsprop", "adagrad"):  # squared gradients (in the signed map)
         s1 = jnp.abs(s1)
-    codes1, absmax1 = _quant.quantize_blockwise(s1)
+    codes1, absmax1 = quantize_blockwise(s1)
     codes2 = absmax2 = None
     if kernel.two_states:
-        codes2, absmax2 = _quant.quantize_blockwise(s2, signed=False)
+        codes2, absmax2 = quantize_blockwise(s2, signed=False)
     return _family.BnbState(jnp.int32(3), codes1, codes2, absmax1, absmax2, None)
 
 

@@ -300,7 +300,7 @@ def test_codes_are_torchaos_at_every_rounding_boundary(bits, signed, columns):
     map value and its neighbours, at 0, -0, NaN, the ends and beyond, and on random
     values spread over the decades; with the bucket table read by rows and by columns
     (the CPU's chunked step)."""
-    from lucid.functional.torchao._quant import thresholds
+    from lucid.functional._lowbit.nearest import nearest_codes, thresholds
 
     table = LT.qmap(bits, signed)
     cuts = thresholds(table)
@@ -323,7 +323,7 @@ def test_codes_are_torchaos_at_every_rounding_boundary(bits, signed, columns):
         quant_utils.quantize_8bit_with_qmap if bits == 8 else quant_utils.quantize_4bit_with_qmap
     )
     theirs = quantizer(torch.tensor(x), torch.tensor(table)).numpy()
-    mine = jax.jit(lambda v: LT._quant.nearest_codes(v, table, columns))(jnp.asarray(x))
+    mine = jax.jit(lambda v: nearest_codes(v, table, columns))(jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(mine), theirs.astype(np.int32))
 
 
@@ -332,7 +332,7 @@ def test_the_cpus_fp8_rounding_by_bits_is_torchs_cast():
     bit for bit, as `to_fp8` does: on every e4m3fn value, every midpoint between two
     (the ties) and three float32 neighbours on either side, zeros, NaN, the subnormal
     range and random values over the decades up to 448."""
-    from lucid.functional.torchao._quant import to_fp8, to_fp8_by_bits
+    from lucid.functional._lowbit.floats import to_fp8, to_fp8_by_bits
 
     grid = np.arange(256, dtype=np.uint8).view(jnp.float8_e4m3fn).astype(np.float32)
     grid = np.unique(grid[np.isfinite(grid)])
@@ -441,7 +441,7 @@ def test_a_quantized_state_runs_in_chunks_with_torchaos_numbers(name, options, t
     """A quantized state of at least one chunk of blocks takes the CPU's chunked program
     (`in_chunks`: a loop over chunks, then the remainder); its codes, scales and
     parameters are torchao's, eager and compiled alike."""
-    from lucid.functional.bnb._quant import chunk_blocks, chunkable
+    from lucid.functional._lowbit.chunks import chunk_blocks, chunkable
 
     block = options.get("block_size", 128 if "4bit" in name else 256)
     size = int(np.prod(CHUNKED))

@@ -39,7 +39,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
-from .sparse_adam import dense, stored_entries
+from ._sparse import dense, stored_entries
 
 __all__ = [
     "AdagradState",

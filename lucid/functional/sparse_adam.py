@@ -44,6 +44,7 @@ from . import _validate
 from ._math import guard, one_minus_pow
 from ._rule import Rule
 from ._signature import MAXIMIZE, Example, Signature, betas, eps, lr, transform_of
+from ._sparse import coalesced, unbatched
 
 __all__ = [
     "SparseAdamState",
@@ -134,10 +135,7 @@ def _update_sparse(param, grad, state, h, *, maximize):
 
 @functools.partial(jax.jit, static_argnames=("maximize",))
 def _update_bcoo(param, grad, state, h, *, maximize):
-    from jax.experimental import sparse
-
-    if grad.n_batch:
-        grad = sparse.bcoo_update_layout(grad, n_batch=0)
+    grad = unbatched(grad)
     if grad.nse == 0:  # torch skips an empty gradient but still counts the step
         return param, state._replace(step=state.step + 1)
     if grad.n_sparse == 0:  # every entry stored: the summed values are a dense gradient
@@ -147,76 +145,12 @@ def _update_bcoo(param, grad, state, h, *, maximize):
     return _lazy_adam_at_entries(param, grad.indices, grad.data, state, h, maximize=maximize)
 
 
-@jax.jit
-def bcoo_to_dense(grad: Any) -> Array:
-    """A BCOO array as a dense one, duplicates summed and entries outside the shape
-    (padding) ignored, with in-bounds indices only (so it runs on Apple GPUs too)."""
-    from jax.experimental import sparse
-
-    if grad.n_batch:
-        grad = sparse.bcoo_update_layout(grad, n_batch=0)
-    shape, n_sparse = grad.shape, grad.n_sparse
-    if n_sparse == 0:
-        return grad.data.sum(0)
-    indices = grad.indices
-    bounds = jnp.asarray(shape[:n_sparse], indices.dtype)
-    valid = jnp.all((indices >= 0) & (indices < bounds), axis=-1)
-    indices = jnp.where(valid[:, None], indices, jnp.zeros_like(indices))
-    mask = valid.reshape(valid.shape + (1,) * (grad.data.ndim - 1))
-    data = jnp.where(mask, grad.data, jnp.zeros_like(grad.data))
-    at = tuple(indices[:, k] for k in range(n_sparse))
-    return jnp.zeros(shape, grad.dtype).at[at].add(data, mode="promise_in_bounds")
-
-
-def _lexicographic_less(a: tuple[Array, ...], b: tuple[Array, ...]) -> Array:
-    less, equal = jnp.zeros(a[0].shape, bool), jnp.ones(a[0].shape, bool)
-    for x, y in zip(a, b):
-        less = less | (equal & (x < y))
-        equal = equal & (x == y)
-    return less
-
-
 def _lazy_adam_at_entries(param, indices, data, state, h, *, maximize):
-    """The rule at a BCOO gradient's entries, duplicates summed, in O(nnz log nnz).
-
-    Written for every backend, Apple GPUs included (docs/backends.md): no
-    cumulative sum (``bcoo_sum_duplicates`` uses one, which jax lowers for Metal
-    through padding ops jax-metal cannot run), and every gather and scatter in
-    bounds. Entries outside the parameter (the padding ``sum_duplicates`` leaves
-    under ``jax.jit``) are redirected to the first valid entry with a zero value.
-    The entries are sorted by index; each finds the first entry of its run of
-    equal indices by an unrolled binary search, the values are summed there,
-    and every entry of a run computes the same new value from that sum, so the
-    scatter's duplicate writes agree.
-    """
-    nse, n_sparse = indices.shape
-    bounds = jnp.asarray(param.shape[:n_sparse], indices.dtype)
-    valid = jnp.all((indices >= 0) & (indices < bounds), axis=-1)
-    any_valid = jnp.any(valid)
-    # int32 throughout: under x64 jnp's defaults (argmax, Python ints) would be int64
-    first_valid = jax.lax.argmax(valid, 0, jnp.int32)  # 0 when none is: clamped below
-    indices = jnp.where(valid[:, None], indices, indices[first_valid])
-    indices = jnp.clip(indices, jnp.zeros_like(bounds), bounds - 1)
-    values = data.astype(param.dtype)
-    mask = valid.reshape((nse,) + (1,) * (values.ndim - 1))
-    values = jnp.where(mask, values, jnp.zeros_like(values))
-
-    order = jnp.arange(nse, dtype=jnp.int32)
-    *columns, order = jax.lax.sort((*indices.T, order), num_keys=n_sparse)
-    columns = tuple(columns)
-    values = values[order]
-    # first[i]: the first position whose index equals entry i's (a lower bound)
-    first = jnp.zeros(nse, jnp.int32)
-    span = 1 << (nse.bit_length() - 1)
-    while span:
-        candidate = first + span
-        probe = jnp.minimum(candidate, jnp.int32(nse)) - 1
-        ahead = _lexicographic_less(tuple(c[probe] for c in columns), columns)
-        first = jnp.where((candidate <= nse) & ahead, candidate, first)
-        span >>= 1
-    summed = jnp.zeros_like(values).at[first].add(values)[first]
-
-    at = columns
+    """The rule at a BCOO gradient's entries, duplicates summed (`_sparse.coalesced`):
+    param, ``exp_avg`` and ``exp_avg_sq`` gathered there, updated, and scattered back
+    (every entry of a run of equal indices computes the same new value, so the
+    scatter's duplicate writes agree)."""
+    at, summed, any_valid = coalesced(indices, data, param.shape, param.dtype)
     present = jnp.broadcast_to(any_valid, summed.shape)
     new_values, new_state = lazy_adam(
         param[at],
@@ -277,28 +211,3 @@ sparse_adam = transform_of(
     freely within one gradient tree.""",
     raises="IndexError: a sparse gradient's index outside its parameter (torch's error).",
 )
-
-
-def stored_entries(grad: Any) -> Array:
-    """The mask of the entries a BCOO gradient stores (its in-bounds indices), shaped as
-    the gradient: where a sparse rule changes anything.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> from jax.experimental import sparse
-      >>> g = sparse.BCOO((jnp.array([0.0, 2.0]), jnp.array([[1], [3]])), shape=(4,))
-      >>> stored_entries(g).tolist()
-      [False, True, False, True]
-    """
-    from jax.experimental import sparse  # a sparse gradient: already imported
-
-    marks = sparse.BCOO((jnp.ones(grad.data.shape, jnp.int32), grad.indices), shape=grad.shape)
-    return bcoo_to_dense(marks) > 0
-
-
-def dense(grad: Any) -> Any:
-    """A gradient as a dense array (a BCOO through `bcoo_to_dense`: one program, Metal-safe);
-    a dense gradient as it is."""
-    if hasattr(grad, "todense"):
-        return bcoo_to_dense(grad) if hasattr(grad, "indices") else grad.todense()
-    return grad

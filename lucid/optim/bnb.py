@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import jax.numpy as jnp
 import numpy as np
 
-from ..functional.bnb import _quant
+from ..functional._lowbit import blockwise
+from ..functional._lowbit import bnb as codec
 from ..functional.bnb._family import BnbState
 from ..functional.bnb._specs import SPECS as _SPECS
 from ._declare import torch_optimizer
@@ -77,11 +78,11 @@ class BnbOptimizer(Optimizer):
         """
         out: dict[str, Any] = {"step": int(state.step), "state1": state.state1}
         if state.absmax1 is not None:
-            out["qmap1"] = jnp.asarray(_quant.dynamic_map(True))
+            out["qmap1"] = jnp.asarray(codec.dynamic_map(True))
         if state.state2 is not None:
             out["state2"] = state.state2
             if state.absmax2 is not None:
-                out["qmap2"] = jnp.asarray(_quant.dynamic_map(False))
+                out["qmap2"] = jnp.asarray(codec.dynamic_map(False))
         for name in ("absmax1", "absmax2", "unorm_vec"):
             value = getattr(state, name)
             if value is not None:
@@ -158,7 +159,7 @@ class BnbOptimizer(Optimizer):
         eight = arrays["state1"].dtype == np.uint8
         shape = tuple(p.shape)
         first = (2, *shape) if probe.state1.ndim == len(shape) + 1 else shape
-        blocks = _quant.blocks_of(int(np.prod(shape)))
+        blocks = blockwise.blocks_of(int(np.prod(shape)), codec.BLOCK_SIZE)
         expected: dict[str, tuple[tuple[int, ...], Any]] = {"state1": (first, None)}
         if probe.state2 is not None:
             expected["state2"] = (shape, None)
@@ -185,7 +186,7 @@ class BnbOptimizer(Optimizer):
                     f"state {name!r} of parameter {key!r} has shape {array.shape}, expected {want}"
                 )
             if signed is not None:
-                if not _quant.is_code_map(array, signed):
+                if not codec.is_code_map(array, signed):
                     raise ValueError(
                         f"state {name!r} of parameter {key!r} is not bitsandbytes' "
                         f"{'signed' if signed else 'unsigned'} dynamic map (lucid quantizes "

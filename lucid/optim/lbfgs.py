@@ -24,9 +24,9 @@ from .._arrays import to_array
 from .._parameter import Parameter
 from ..functional._math import max_abs
 from ..functional._rule import host_float
+from ..functional._sparse import dense
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
 from ..functional.lbfgs import LBFGS_SIGNATURE
-from ..functional.sparse_adam import dense
 from ._declare import torch_optimizer
 from .optimizer import Optimizer
 

@@ -28,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._arrays import to_array
+from ..functional._lowbit.floats import FP8
 from ..functional.torchao import adam as _rules
-from ..functional.torchao._quant import FP8, qmap
+from ..functional.torchao import qmap
 from ..functional.torchao.adam import LowBitAdamState, first_key, is_quantized
 from ._declare import torch_optimizer
 from ._torch_format import to_torch

@@ -8,8 +8,8 @@ with one float32 absmax per block of 256 elements, for parameters of at least
 `min_8bit_size` elements; 32-bit state otherwise.
 """
 
+from .._lowbit.bnb import BLOCK_SIZE, dequantize_blockwise, dynamic_map, quantize_blockwise
 from ._family import BnbState
-from ._quant import BLOCK_SIZE, dequantize_blockwise, dynamic_map, quantize_blockwise
 from .adagrad import (
     adagrad,
     adagrad8bit,

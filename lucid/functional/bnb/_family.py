@@ -3,7 +3,7 @@ checks and the arguments.
 
 bitsandbytes runs every optimizer through one of two kernels, chosen per parameter when
 its state is made: the 32-bit one (float32 state) and the 8-bit block-wise one (codes and
-per-block absmax, `lucid.functional.bnb._quant`). A parameter takes the 8-bit kernel when
+per-block absmax, `lucid.functional._lowbit.bnb`). A parameter takes the 8-bit kernel when
 the optimizer's `optim_bits` is 8 and it has at least `min_8bit_size` elements. The
 8-bit kernel dequantizes the state to float32, applies the rule and quantizes the new
 state again, every step. Both kernels compute in float32 whatever the parameter's dtype,
@@ -27,10 +27,12 @@ import jax
 import jax.numpy as jnp
 
 from .. import _validate
+from .._lowbit import blockwise, chunks
+from .._lowbit import bnb as codec
 from .._math import one_minus_pow
 from .._rule import Rule, as_hyper, is_number
 from .._signature import Arg
-from . import _pallas, _quant
+from . import _pallas
 
 Array = jax.Array
 Options = Mapping[str, Any]
@@ -97,7 +99,7 @@ def eight_bit(size: int, optim_bits: int, min_8bit_size: int) -> bool:
 
 def _blocks(kernel: Kernel) -> Callable[..., tuple[int, dict] | None]:
     """`Rule.blocks` of a family: an 8-bit parameter's state is blocks of
-    `_quant.BLOCK_SIZE` elements, each quantized on its own, so parameters of whole
+    `codec.BLOCK_SIZE` elements, each quantized on its own, so parameters of whole
     blocks can be laid end to end; one with a partial last block stays alone (its
     block's absmax is over its own elements only, and a zero-valued element does
     not keep a zero state: the dynamic map's nearest code to 0 is not 0). A 32-bit
@@ -115,7 +117,7 @@ def _blocks(kernel: Kernel) -> Callable[..., tuple[int, dict] | None]:
             eight = state.absmax1 is not None
         if not eight:
             return 1, {"optim_bits": 32}
-        return (_quant.BLOCK_SIZE, {}) if size % _quant.BLOCK_SIZE == 0 else None
+        return (codec.BLOCK_SIZE, {}) if size % codec.BLOCK_SIZE == 0 else None
 
     return blocks
 
@@ -124,7 +126,7 @@ def _init(kernel: Kernel) -> Callable[..., BnbState]:
     def init(param, hyper, *, optim_bits, min_8bit_size, use_unorm, **_) -> BnbState:
         shape = tuple(param.shape)
         first = (2, *shape) if kernel.double else shape
-        blocks = _quant.blocks_of(int(math.prod(shape)))
+        blocks = blockwise.blocks_of(int(math.prod(shape)), codec.BLOCK_SIZE)
         unorm = jnp.zeros((1,), jnp.float32) if use_unorm else None
         step = jnp.zeros((), jnp.int32)
         if eight_bit(int(math.prod(shape)), optim_bits, min_8bit_size):
@@ -166,8 +168,13 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
         step8 = functools.partial(_step8, kernel, h=h, t=t, flags=flags)
         stored = (state.state1, state.absmax1, state.state2, state.absmax2)
         branches = {}
-        if _quant.chunkable(p.size):  # on the CPU, the same graph on chunks of blocks
-            branches["cpu"] = functools.partial(_in_chunks, kernel, step8)
+        if chunks.chunkable(p.size, codec.BLOCK_SIZE):
+            # on the CPU, the same graph on chunks of blocks; AdEMAMix's two moments of
+            # `state1` (and their absmax) are stacked on a leading axis
+            lead = (int(kernel.double),) * 2 + (0, 0)
+            branches["cpu"] = functools.partial(
+                chunks.in_chunks, step8, block_size=codec.BLOCK_SIZE, lead=lead
+            )
         if _pallas.supported(kernel, p) and jax.default_backend() == "gpu":
             # on a GPU, one fused kernel per tensor (only offered there: jax 0.4 lowers
             # every branch, and Pallas' Triton kernel does not lower for another backend)
@@ -182,23 +189,20 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
     return update
 
 
-def _step8(
-    kernel: Kernel, p, g, codes1, absmax1, codes2, absmax2, *, h, t, flags, blocks=False
-) -> tuple:
-    """The 8-bit kernel on arrays of any shape: dequantize, the rule, quantize
-    (``blocks``: the arrays are shaped ``(blocks, 256)``, the CPU's chunks)."""
+def _step8(kernel: Kernel, p, g, codes1, absmax1, codes2, absmax2, *, h, t, flags) -> tuple:
+    """The 8-bit kernel on arrays of any shape (the CPU's chunks: ``(blocks, 256)``):
+    dequantize, the rule, quantize."""
     state = BnbState(None, codes1, codes2, absmax1, absmax2, None)
-    dequantize = _quant.dequantize_blocks if blocks else _quant.dequantize_blockwise
-    p, s1, s2 = kernel.step8(p, g, *_dequantized(kernel, state, dequantize), h, t, flags)
+    p, s1, s2 = kernel.step8(p, g, *_dequantized(kernel, state), h, t, flags)
     if kernel.double:
-        pairs = [_quant.quantize_blockwise(s1[i]) for i in (0, 1)]
+        pairs = [codec.quantize_blockwise(s1[i]) for i in (0, 1)]
         codes1 = jnp.stack([c for c, _ in pairs])
         absmax1 = jnp.stack([a for _, a in pairs])
     else:
-        codes1, absmax1 = _quant.quantize_blockwise(s1)
+        codes1, absmax1 = codec.quantize_blockwise(s1)
     codes2 = absmax2 = None
     if kernel.two_states:
-        codes2, absmax2 = _quant.quantize_blockwise(s2, signed=False)
+        codes2, absmax2 = codec.quantize_blockwise(s2, signed=False)
     return p, codes1, absmax1, codes2, absmax2
 
 
@@ -224,37 +228,9 @@ def xla_step8(kernel: Kernel, p, g, state: BnbState, scalars, flags) -> tuple:
     return _step8(kernel, p, g, *stored, h=scalars, t=scalars["step"], flags=flags)
 
 
-def _in_chunks(kernel: Kernel, step8: Callable[..., tuple], p, g, *stored) -> tuple:
-    """`_step8` run by `_quant.in_chunks` over chunks of blocks (the CPU's program): the
-    same numbers, the block-wise arrays viewed as ``(blocks, 256)``."""
-    shape, blocks = p.shape, p.size // _quant.BLOCK_SIZE
-    double = kernel.double
-    codes1, absmax1, codes2, absmax2 = stored
-    carry = [p.reshape(blocks, -1), codes1.reshape((2,) * double + (blocks, -1)), absmax1]
-    axes = [0, int(double), int(double)]
-    if kernel.two_states:
-        carry += [codes2.reshape(blocks, -1), absmax2]
-        axes += [0, 0]
-
-    def body(p, codes1, absmax1, *rest) -> tuple:
-        *second, g = rest
-        new = step8(p, g, codes1, absmax1, *(second or (None, None)), blocks=True)
-        return tuple(x for x in new if x is not None)
-
-    chunk = _quant.chunk_blocks()
-    read = (g.reshape(blocks, -1),)
-    new = _quant.in_chunks(body, tuple(carry), read, (tuple(axes), (0,)), blocks, chunk)
-    p, codes1, absmax1, *second = new
-    codes2, absmax2 = second or (None, None)
-    codes1 = codes1.reshape(stored[0].shape)
-    codes2 = None if codes2 is None else codes2.reshape(shape)
-    return p.reshape(shape), codes1, absmax1, codes2, absmax2
-
-
-def _dequantized(
-    kernel: Kernel, state: BnbState, dequantize: Callable[..., Array]
-) -> tuple[Array, Array | None]:
-    """The float32 states of the 8-bit kernel, dequantized by ``dequantize``."""
+def _dequantized(kernel: Kernel, state: BnbState) -> tuple[Array, Array | None]:
+    """The float32 states of the 8-bit kernel."""
+    dequantize = codec.dequantize_blockwise
     if kernel.double:
         s1 = jnp.stack([dequantize(state.state1[i], state.absmax1[i]) for i in (0, 1)])
     else:

@@ -8,9 +8,10 @@ bitsandbytes' CUDA kernel does: it reads the parameter, the gradient, the codes 
 absmax, and writes the parameter, the codes and the absmax (16 bytes per parameter).
 
 The arithmetic is the rule's own (`Kernel.step8`, traced inside the kernel) and the
-quantization `_quant`'s (`row_absmax`, `table_index`, the same code tables), so the two
-paths differ only in how the compiler schedules the same operations (where it contracts
-a multiply and an add into one fused multiply-add: a last-bit difference now and then).
+quantization `lucid.functional._lowbit`'s (`absmax_ignoring_nan`, `table_index`, the same
+code tables), so the two paths differ only in how the compiler schedules the same
+operations (where it contracts a multiply and an add into one fused multiply-add: a
+last-bit difference now and then).
 Triton may lower a float32 division or square root to an approximate instruction; on the
 GPU every `div` and `sqrt` of the traced rule is replaced by the correctly rounded PTX
 instruction (`div.rn.f32`, `sqrt.rn.f32`), as XLA's are rounded. The bias corrections
@@ -40,7 +41,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import _quant
+from .._lowbit import blockwise, nearest
+from .._lowbit import bnb as codec
 
 Array = jax.Array
 
@@ -63,7 +65,7 @@ def supported(kernel: Any, param: Array) -> bool:
     AdEMAMix's stacked pair) over a whole number of blocks, of fewer than 2**31
     elements (Triton's offsets are 32-bit)."""
     size = int(math.prod(param.shape))
-    whole = size > 0 and size % _quant.BLOCK_SIZE == 0
+    whole = size > 0 and size % codec.BLOCK_SIZE == 0
     return not kernel.double and whole and size < 2**31
 
 
@@ -177,7 +179,7 @@ def fused_step8(
     """
     two = kernel.two_states
     shape = p.shape
-    blocks = p.size // _quant.BLOCK_SIZE
+    blocks = p.size // codec.BLOCK_SIZE
     rows = _rows_per_tile(blocks)
     names = sorted(h)
     width = max(2, 1 << (len(names) - 1).bit_length())  # Triton blocks are powers of two
@@ -189,10 +191,10 @@ def fused_step8(
     rule = _rule_in_kernel(kernel, flags, exact=not interpret)
 
     def tables(signed: bool) -> list[Array]:
-        return [jnp.asarray(t) for t in _quant.code_tables(signed)]
+        return [jnp.asarray(t) for t in codec.code_tables(signed)]
 
     def as_rows(x: Array) -> Array:
-        return x.reshape(blocks, _quant.BLOCK_SIZE)
+        return x.reshape(blocks, codec.BLOCK_SIZE)
 
     def body(scalars_ref, *refs):
         n_in = 10 if two else 6
@@ -207,18 +209,18 @@ def fused_step8(
             s2 = map2[c2_ref[...].astype(jnp.int32)] * a2_ref[...][:, None]
         new_p, s1, s2 = rule(p_ref[...], g_ref[...], s1, s2, hyper)
         outs[0][...] = new_p
-        absmax1 = _quant.row_absmax(s1)
-        outs[1][...] = lut1[_quant.table_index(s1, absmax1)]
+        absmax1 = blockwise.absmax_ignoring_nan(s1)
+        outs[1][...] = lut1[nearest.table_index(s1, absmax1)]
         outs[2][...] = absmax1
         if two:
-            absmax2 = _quant.row_absmax(s2)
-            outs[3][...] = lut2[_quant.table_index(s2, absmax2)]
+            absmax2 = blockwise.absmax_ignoring_nan(s2)
+            outs[3][...] = lut2[nearest.table_index(s2, absmax2)]
             outs[4][...] = absmax2
 
     def whole(n: int) -> pl.BlockSpec:
         return pl.BlockSpec((n,), lambda i: (0,))
 
-    tile = pl.BlockSpec((rows, _quant.BLOCK_SIZE), lambda i: (i, 0))
+    tile = pl.BlockSpec((rows, codec.BLOCK_SIZE), lambda i: (i, 0))
     scales = pl.BlockSpec((rows,), lambda i: (i,))
     table_specs = [whole(256), whole(65536)] * (2 if two else 1)
     operands = tables(True) + (tables(False) if two else [])
@@ -226,8 +228,8 @@ def fused_step8(
     in_specs = [whole(width), *table_specs, tile, tile, tile, scales]
     out_specs = [tile, tile, scales]
     out_shape = [
-        jax.ShapeDtypeStruct((blocks, _quant.BLOCK_SIZE), jnp.float32),
-        jax.ShapeDtypeStruct((blocks, _quant.BLOCK_SIZE), jnp.uint8),
+        jax.ShapeDtypeStruct((blocks, codec.BLOCK_SIZE), jnp.float32),
+        jax.ShapeDtypeStruct((blocks, codec.BLOCK_SIZE), jnp.uint8),
         jax.ShapeDtypeStruct((blocks,), jnp.float32),
     ]
     if two:

@@ -9,7 +9,9 @@ quantization itself is public: `quantize`, `dequantize`, `qmap` and
 `bf16_stochastic_round`. The stateful classes are in [lucid.optim.torchao][].
 """
 
-from ._quant import bf16_stochastic_round, dequantize, qmap, quantize
+from .._lowbit.codes import qmap
+from .._lowbit.floats import bf16_stochastic_round
+from .._lowbit.torchao import dequantize, quantize
 from .adam import (
     LowBitAdamState,
     adam4bit,

@@ -46,6 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate
+from .._lowbit import chunks
+from .._lowbit.floats import FP8
+from .._lowbit.floats import bf16_stochastic_round as round_bf16_stochastically
+from .._lowbit.torchao import block_scale, dequantize, encode
 from .._rule import Rule
 from .._signature import (
     KEYWORD_ONLY,
@@ -58,9 +62,6 @@ from .._signature import (
     transform_of,
     weight_decay,
 )
-from ..bnb._quant import chunk_blocks, chunkable, in_chunks
-from ._quant import FP8, block_scale, dequantize, encode
-from ._quant import bf16_stochastic_round as round_bf16_stochastically
 
 __all__ = [
     "LowBitAdamState",
@@ -272,15 +273,12 @@ def _update(
         _step, h=h, step=step, form=form, adamw=adamw, block_size=block_size
     )
     size = int(np.prod(jnp.shape(param)))
-    if state.exp_avg_scale is not None and chunkable(size, block_size):
-        # on the CPU, the same graph over chunks of blocks (lucid.functional.bnb's loop)
-        new = jax.lax.platform_dependent(
-            param,
-            grad,
-            *stored,
-            cpu=functools.partial(_in_chunks, step_of, block_size),
-            default=step_of,
+    if state.exp_avg_scale is not None and chunks.chunkable(size, block_size):
+        # on the CPU, the same graph over chunks of blocks, encoded as the CPU runs fastest
+        cpu = functools.partial(
+            chunks.in_chunks, functools.partial(step_of, cpu=True), block_size=block_size
         )
+        new = jax.lax.platform_dependent(param, grad, *stored, cpu=cpu, default=step_of)
     else:
         new = step_of(param, grad, *stored)
     p, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale = new
@@ -309,9 +307,9 @@ def _step(
     block_size: int,
     cpu: bool = False,
 ) -> tuple:
-    """torchao's update of one tensor (or of a chunk of its blocks, flattened, ``cpu``:
-    encoded as the CPU runs it fastest): ``(p, m, m_scale, v, v_scale, u, u_scale)``
-    after the step, ``p`` in float32."""
+    """torchao's update of one tensor, or of a chunk of its blocks (``cpu``: each array
+    viewed by blocks, encoded as the CPU runs it fastest): ``(p, m, m_scale, v, v_scale,
+    u, u_scale)`` after the step, ``p`` in float32."""
     f32 = jnp.float32
     shape = tuple(jnp.shape(param))
     p, g = param.astype(f32), grad.astype(f32)
@@ -333,36 +331,6 @@ def _step(
     denom = jnp.sqrt(second) / jnp.sqrt(bias_correction2) + h["eps"]
     p = p - h["lr"] * (m / bias_correction1) / denom
     return p, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale
-
-
-def _in_chunks(step_of: Any, block_size: int, param: Any, grad: Any, *stored: Any) -> tuple:
-    """`_step` run by `lucid.functional.bnb`'s `in_chunks` over chunks of blocks (the CPU's
-    program): each array viewed as ``(blocks, elements of a block)``, each chunk flattened
-    for `_step`; the same numbers."""
-    shape, size = tuple(jnp.shape(param)), int(np.prod(jnp.shape(param)))
-    blocks = size // block_size
-    present = [i for i, x in enumerate(stored) if x is not None]
-    codes = [i for i in present if i % 2 == 0]  # codes at even places, scales at odd
-    carry = [param.astype(jnp.float32).reshape(blocks, -1)]
-    carry += [stored[i].reshape(blocks, -1) if i in codes else stored[i] for i in present]
-
-    def body(p: Any, *rest: Any) -> tuple:
-        *arrays, g = rest
-        full: list[Any] = [None] * len(stored)
-        for i, a in zip(present, arrays):
-            full[i] = a.reshape(-1) if i in codes else a
-        new = step_of(p.reshape(-1), g.reshape(-1), *full, cpu=True)
-        out = [new[0].reshape(p.shape)]
-        out += [new[1 + i].reshape(a.shape) for i, a in zip(present, arrays)]
-        return tuple(out)
-
-    chunk = chunk_blocks(block_size)
-    axes = ((0,) * len(carry), (0,))
-    new = in_chunks(body, tuple(carry), (grad.reshape(blocks, -1),), axes, blocks, chunk)
-    out: list[Any] = [new[0].reshape(shape)] + [None] * len(stored)
-    for i, a in zip(present, new[1:]):
-        out[1 + i] = a.reshape(stored[i].shape)
-    return tuple(out)
 
 
 def _blocks(form: str) -> Any:

@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from ..._parameter import Parameter
 from ..._storage import OwnArrays, check_grad
 from ...functional._rule import Present, Rule, check_sparse_grad, is_sparse
-from ...functional.sparse_adam import stored_entries
+from ...functional._sparse import stored_entries
 from . import buckets as layout
 from .buckets import Bucket
 from .flat_store import Borrowed, FlatStore

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..._storage import OwnArrays, check_grad
 from ...functional._rule import compute_dtype
-from ...functional.sparse_adam import dense
+from ...functional._sparse import dense
 from .layout import Layout, join_views, views_of
 from .programs import PROGRAMS_KEPT
 from .sharding import shard_count
