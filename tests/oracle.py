@@ -146,11 +146,20 @@ TORCH_215_KEYWORDS: dict[str, dict[str, tuple[Any, Any]]] = {
 }
 
 
+# Keywords lucid adds to torch's signature (keyword-only, at the end, their defaults
+# torch's behaviour), each as (kind, default).
+LUCID_KEYWORDS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "Muon": {"batched_matrices": (inspect.Parameter.KEYWORD_ONLY, False)},
+}
+
+
 def torch_215_parameters(name: str, theirs: Mapping[str, Any]) -> dict[str, Any]:
     """torch 2.13's signature ``theirs`` (``inspect`` parameters) with torch 2.15's
-    added keywords of optimizer ``name`` appended: the signature lucid must have."""
+    added keywords of optimizer ``name`` appended, then lucid's own: the signature
+    lucid must have."""
     expected = dict(theirs)
-    for keyword, (kind, default) in TORCH_215_KEYWORDS.get(name, {}).items():
+    added = {**TORCH_215_KEYWORDS.get(name, {}), **LUCID_KEYWORDS.get(name, {})}
+    for keyword, (kind, default) in added.items():
         assert keyword not in expected, f"torch has {name}'s {keyword} now: drop it here"
         expected[keyword] = inspect.Parameter(keyword, kind, default=default)
     return expected

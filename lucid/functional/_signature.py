@@ -44,6 +44,10 @@ class Arg:
         Markdown).
       convert: applied to the bound value in both forms (``betas`` given as a
         list becomes a tuple, as torch stores it).
+      extension: a keyword lucid adds to the reference's signature (keyword-only,
+        its default the reference's behaviour): a state_dict's group leaves it out
+        while it holds its default, so a checkpoint made without it is the
+        reference's, key for key (a group loaded without it takes the default).
     """
 
     name: str
@@ -51,6 +55,7 @@ class Arg:
     annotation: Any
     doc: str
     convert: Callable[[Any], Any] | None = None
+    extension: bool = False
 
 
 class _KeywordOnly:
@@ -202,6 +207,11 @@ class Signature:
     def names(self) -> list[str]:
         """torch's keywords, in order."""
         return [arg.name for arg in self.keywords()]
+
+    def unsaved_defaults(self) -> dict[str, Any]:
+        """lucid's `extension` keywords and their defaults: a state_dict's group leaves
+        each out while it holds its default."""
+        return {arg.name: arg.default for arg in self.keywords() if arg.extension}
 
 
 def entry(name: str, doc: str) -> str:

@@ -34,6 +34,14 @@ division by the norm then rescales the momentum buffer itself: with bfloat16
 parameters and ``nesterov=False`` torch 2.13 keeps ``b_t / max(||b_t||_F, eps)`` as
 the buffer, where 2.15 (and lucid) keep ``b_t``. Every other case is the same in both.
 
+**Batched matrices** (``batched_matrices=True``, lucid's option; off by default, as torch
+has none): a parameter of shape ``(..., A, B)`` (at least 2-D) is a stack of independent
+``(A, B)`` matrices, per-head or per-expert weights. The momentum and the weight decay are
+elementwise as above; the iteration and the learning-rate adjustment run on each slice
+``p[i, ..., :, :]`` as if it were its own 2-D parameter (``A, B`` are the last two
+dimensions), so each slice's numbers are torch's Muon run on that slice alone. Off,
+any parameter that is not 2-D is torch's ``ValueError``.
+
 This rule treats each parameter as a matrix, so it is not
 elementwise: the compiled step updates each parameter as itself. It is
 ``batched``: in every form, same-shaped matrices (of one dtype, placement and
@@ -55,12 +63,22 @@ import jax.numpy as jnp
 
 from ._math import guard, lerp
 from ._rule import Rule, is_number
-from ._signature import Arg, Example, Signature, eps, lr, transform_of, weight_decay
+from ._signature import (
+    KEYWORD_ONLY,
+    Arg,
+    Example,
+    Signature,
+    eps,
+    lr,
+    transform_of,
+    weight_decay,
+)
 
 __all__ = [
     "MuonState",
     "muon",
     "orthogonalize",
+    "orthogonalize_slices",
 ]
 
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
@@ -126,6 +144,46 @@ def orthogonalize(
     return x.T if tall else x
 
 
+def orthogonalize_slices(
+    update: jax.Array,
+    coefficients: Sequence[Any],
+    steps: int,
+    eps: Any,
+    dtype: Any = jnp.bfloat16,
+) -> jax.Array:
+    """`orthogonalize` on each ``(A, B)`` matrix of an ``(..., A, B)`` array, independently
+    (one batched call under ``jax.vmap``; a 2-D array is `orthogonalize` itself).
+
+    Args:
+      update: an array of at least 2 dimensions, the last two each matrix's.
+      coefficients: ``(a, b, c)``.
+      steps: the number of iterations.
+      eps: the floor of each matrix's Frobenius norm.
+      dtype: the dtype the iterate is stored in.
+
+    Returns:
+      The orthogonalized matrices, in ``dtype``, shaped as ``update``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from lucid.functional.muon import orthogonalize, orthogonalize_slices
+      >>> u = jnp.arange(24.0).reshape(2, 3, 4)
+      >>> o = orthogonalize_slices(u, (3.4445, -4.7750, 2.0315), 5, 1e-7)
+      >>> o.shape, bool((o[1] == orthogonalize(u[1], (3.4445, -4.7750, 2.0315), 5, 1e-7)).all())
+      ((2, 3, 4), True)
+    """
+    if update.ndim == 2:
+        return orthogonalize(update, coefficients, steps, eps, dtype)
+    rows, cols = update.shape[-2:]
+    matrices = update.reshape(-1, rows, cols)
+
+    def one(matrix: jax.Array) -> jax.Array:
+        return orthogonalize(matrix, coefficients, steps, eps, dtype)
+
+    ortho = jax.vmap(one)(matrices)
+    return ortho.reshape(update.shape)
+
+
 def lr_ratio(adjust_lr_fn: str | None, shape: Sequence[int]) -> float:
     """The factor torch's ``_adjust_lr`` multiplies ``lr`` by for a parameter of ``shape``
     (torch 2.15's, ``'spectral_unclamped'`` included).
@@ -134,7 +192,8 @@ def lr_ratio(adjust_lr_fn: str | None, shape: Sequence[int]) -> float:
       adjust_lr_fn: ``None`` or ``'original'`` (``sqrt(max(1, A/B))``),
         ``'match_rms_adamw'`` (``0.2 sqrt(max(A, B))``) or ``'spectral_unclamped'``
         (``sqrt(A/B)``).
-      shape: the parameter's shape; ``A, B = shape[:2]``.
+      shape: the matrix's shape; ``A, B = shape[:2]`` (torch's reading of a 2-D
+        parameter's shape; for a slice of batched matrices, pass the slice's ``(A, B)``).
 
     Returns:
       The factor, a Python float (1.0 for any other name, as torch's).
@@ -169,6 +228,8 @@ def _validate_muon(o: dict) -> None:
         _check(o["weight_decay"] >= 0.0, f"weight decay should be >= 0 but is: {o['weight_decay']}")
     if o["adjust_lr_fn"] not in ADJUST_LR_FNS:
         raise ValueError(f"Adjust learning rate function {o['adjust_lr_fn']} is not supported")
+    if not isinstance(o["batched_matrices"], bool):
+        raise TypeError(f"batched_matrices must be True or False, not {o['batched_matrices']!r}")
 
 
 def _check_at_step(o: dict) -> None:
@@ -196,27 +257,61 @@ def _split(o: dict) -> tuple[dict, dict]:
         "nesterov": bool(o["nesterov"]),
         "ns_steps": int(o["ns_steps"]),
         "adjust_lr_fn": o["adjust_lr_fn"],
+        "batched_matrices": o["batched_matrices"],
     }
     return hyper, flags
 
 
-def _init(param, hyper, **_) -> MuonState:
-    if jnp.ndim(param) != 2:
-        raise ValueError(
-            "Muon only supports 2D parameters whereas we found a parameter with size: "
-            f"{tuple(jnp.shape(param))}"
+def not_a_matrix(shape: Sequence[int], batched_matrices: bool) -> str | None:
+    """torch's error for a parameter of ``shape`` Muon does not take, or ``None``.
+
+    Off (torch's rule), anything but 2-D is refused in torch's words; with
+    ``batched_matrices``, anything below 2-D, in words that say so."""
+    if batched_matrices:
+        if len(shape) >= 2:
+            return None
+        return (
+            "Muon with batched_matrices=True takes parameters of at least 2 dimensions "
+            f"(..., M, N), but found a parameter with size: {tuple(shape)}; give it to "
+            "another optimizer (AdamW)"
         )
+    if len(shape) == 2:
+        return None
+    return (
+        f"Muon only supports 2D parameters whereas we found a parameter with size: {tuple(shape)}"
+    )
+
+
+def _init(param, hyper, *, batched_matrices=False, **_) -> MuonState:
+    error = not_a_matrix(jnp.shape(param), batched_matrices)
+    if error is not None:
+        raise ValueError(error)
     return MuonState(step=jnp.zeros((), jnp.float32), momentum_buffer=jnp.zeros_like(param))
 
 
-def _update(param, grad, state, h, *, nesterov, ns_steps, adjust_lr_fn, ns_dtype=jnp.bfloat16):
-    if jnp.ndim(grad) != 2:
-        raise ValueError("Param gradient must be a 2D matrix")
+def _update(
+    param,
+    grad,
+    state,
+    h,
+    *,
+    nesterov,
+    ns_steps,
+    adjust_lr_fn,
+    batched_matrices=False,
+    ns_dtype=jnp.bfloat16,
+):
+    if not_a_matrix(jnp.shape(grad), batched_matrices) is not None:
+        raise ValueError(
+            not_a_matrix(jnp.shape(grad), True)
+            if batched_matrices
+            else "Param gradient must be a 2D matrix"
+        )
     buf = lerp(state.momentum_buffer, grad, h["one_minus_momentum"])
     update = lerp(grad, buf, h["momentum"]) if nesterov else buf
     coefficients = (h["ns_a"], h["ns_b"], h["ns_c"])
-    ortho = orthogonalize(update, coefficients, ns_steps, h["eps"], ns_dtype)
-    adjusted_lr = h["lr"] * lr_ratio(adjust_lr_fn, param.shape)
+    ortho = orthogonalize_slices(update, coefficients, ns_steps, h["eps"], ns_dtype)
+    adjusted_lr = h["lr"] * lr_ratio(adjust_lr_fn, param.shape[-2:])
     param = param * (1 - h["lr"] * h["weight_decay"])
     new_param = param + (-adjusted_lr) * ortho.astype(param.dtype)
     return new_param, MuonState(state.step + 1, buf)
@@ -269,6 +364,18 @@ MUON_SIGNATURE = Signature(
             "`'spectral_unclamped'` (torch 2.15; torch 2.13 refuses it): `γ' = γ √(A/B)`, "
             "for a parameter of shape (A, B).",
         ),
+        KEYWORD_ONLY,
+        Arg(
+            "batched_matrices",
+            False,
+            bool,
+            "lucid's, not torch's: `True` takes a parameter of shape (..., A, B) as a stack "
+            "of independent (A, B) matrices (per-head or per-expert weights), each updated as "
+            "torch's Muon updates a 2-D parameter (its own Newton-Schulz iteration and `lr` "
+            "adjustment; momentum and weight decay elementwise). `False` (the default) takes "
+            "2-D parameters only, as torch, and is left out of a state_dict's groups.",
+            extension=True,
+        ),
     ),
     Example(
         "lr=0.1",
@@ -282,7 +389,9 @@ muon = transform_of(
     MUON,
     MUON_SIGNATURE,
     "muon",
-    "`torch.optim.Muon` as an optax transformation, for a pytree of 2-D parameters.",
+    "`torch.optim.Muon` as an optax transformation, for a pytree of 2-D parameters (or, "
+    "with `batched_matrices=True`, of stacks of matrices).",
     raises="ValueError: also `ns_steps >= 100` or coefficients that are not three; `init` "
-    "raises torch's error for a parameter that is not 2-D.",
+    "raises torch's error for a parameter that is not 2-D (below 2-D with "
+    "`batched_matrices=True`).",
 )

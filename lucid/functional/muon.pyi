@@ -13,6 +13,7 @@ __all__ = [
     "MuonState",
     "muon",
     "orthogonalize",
+    "orthogonalize_slices",
 ]
 
 class MuonState(NamedTuple):
@@ -20,6 +21,14 @@ class MuonState(NamedTuple):
     momentum_buffer: Any
 
 def orthogonalize(
+    update: jax.Array,
+    coefficients: Sequence[Any],
+    steps: int,
+    eps: Any,
+    dtype: Any = ...,
+) -> jax.Array: ...
+
+def orthogonalize_slices(
     update: jax.Array,
     coefficients: Sequence[Any],
     steps: int,
@@ -36,4 +45,6 @@ def muon(
     eps: Any = 1e-07,
     ns_steps: int = 5,
     adjust_lr_fn: str | None = None,
+    *,
+    batched_matrices: bool = False,
 ) -> GradientTransformation: ...

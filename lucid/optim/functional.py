@@ -517,6 +517,7 @@ _MUON = ListForm(
         "eps",
         "ns_steps",
         "adjust_lr_fn",
+        batched_matrices=False,  # torch's function: 2-D only
     ),
     steps="none",
     own={

@@ -790,8 +790,13 @@ class Optimizer:
             pre_hook(self)
         index: dict[Parameter, int] = {}
         groups = []
+        unsaved = {} if self.torch_signature is None else self.torch_signature.unsaved_defaults()
         for group in self.param_groups:
-            packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
+            packed = {
+                k: copy.deepcopy(v)
+                for k, v in group.items()
+                if k != "params" and not (k in unsaved and _same_option(v, unsaved[k]))
+            }
             packed["params"] = [index.setdefault(p, len(index)) for p in group["params"]]
             groups.append(packed)
         state: dict[Any, Any] = {}
@@ -992,6 +997,12 @@ class Optimizer:
 
 def _to_jax(value: Any) -> Any:
     return jnp.asarray(value) if isinstance(value, np.ndarray) else value
+
+
+def _same_option(value: Any, default: Any) -> bool:
+    """Whether a group's option is an `extension` keyword's default (of its type too:
+    ``0`` is not ``False``), so that its state_dict group may leave it out."""
+    return type(value) is type(default) and value == default
 
 
 def _to_python(value: Any) -> Any:
