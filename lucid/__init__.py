@@ -42,4 +42,5 @@ __all__ = [
     "parameters",
     "values",
 ]
+# the one place the version is written: pyproject.toml reads it (setuptools dynamic version)
 __version__ = "0.1.0"

@@ -19,6 +19,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "machine_alone: the test holds the machine alone (see a_share_of_the_machine)"
     )
+    # registered here rather than in pyproject.toml, so that it holds where the tests run
+    # without the source tree (CI runs a copy of them against the installed wheel)
+    config.addinivalue_line(
+        "markers",
+        "fast: the README's fast subset (`pytest -m fast`): torch's numbers for every "
+        "optimizer and scheduler, functional, eager and compiled; the stateful API; "
+        "state_dict round trips",
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,8 @@ from test_shell import _assert_params_close, _assert_unchanged, _lucid_step, _sn
 import lucid
 from lucid.optim._engine import CompiledBackend
 
+pytestmark = pytest.mark.fast  # in `pytest -m fast` (tests/conftest.py)
+
 
 def _compare_states(ours: dict, theirs: dict, rtol: float) -> None:
     assert set(ours["state"]) == set(theirs["state"])

@@ -99,6 +99,7 @@ def _tolerance(problem, options, tparams, tlosses):
     return max(1e-9, 10 * sensitivity)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("problem", sorted(PROBLEMS))
 @pytest.mark.parametrize(
     "options", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults"
@@ -123,6 +124,7 @@ def test_lbfgs_matches_torchs_iterates_and_returned_losses(problem, options):
     assert len(state["old_dirs"]) == len(tstate["old_dirs"])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("options", [{}, {"line_search_fn": "strong_wolfe", "history_size": 3}])
 def test_lbfgs_checkpoints_move_both_ways(options):
     problem = "rosenbrock"

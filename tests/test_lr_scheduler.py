@@ -31,6 +31,8 @@ from schedule_cases import (
 
 from lucid.optim import lr_scheduler as LL
 
+pytestmark = pytest.mark.fast  # in `pytest -m fast` (tests/conftest.py)
+
 TL = torch.optim.lr_scheduler
 RTOL = 1e-12
 

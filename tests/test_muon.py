@@ -286,6 +286,7 @@ def test_lr_ratio_is_torchs_adjust_lr():
 # -------------------------------- everything around it, float64 exactly
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("options", MUON_CASES, ids=_case_id)
 def test_functional_float64_matches_torch(options, float64_ns):
     expected, topt = _run_torch(options, "float64")
@@ -298,6 +299,7 @@ def test_functional_float64_matches_torch(options, float64_ns):
         assert relative_error(np.asarray(state.momentum_buffer[key]), buf) <= 1e-9
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("compile_at", [None, 0, 7], ids=["eager", "compiled", "adopting"])
 @pytest.mark.parametrize("options", MUON_CASES, ids=_case_id)
 def test_shell_float64_matches_torch(options, compile_at, float64_ns):
@@ -420,6 +422,7 @@ def test_only_matrices_as_torch():
         assert not opt.state and np.all(np.asarray(w.data) == 1.0)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_checkpoints_move_both_ways(compiled, float64_ns):
     options = {"lr": 0.02, "adjust_lr_fn": "match_rms_adamw"}

@@ -24,6 +24,8 @@ from oracle import (
     to_numpy,
 )
 
+pytestmark = pytest.mark.fast  # in `pytest -m fast` (tests/conftest.py)
+
 # torch keeps no step for SGD; lucid's functional SGD keeps one to trace the first step.
 LUCID_ONLY_STATE = {"SGD": {"step"}}
 

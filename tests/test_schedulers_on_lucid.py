@@ -13,6 +13,8 @@ from schedule_cases import CASES, case_id, quiet, run, torch_rows
 import lucid
 import lucid.optim.lr_scheduler as LL
 
+pytestmark = pytest.mark.fast  # in `pytest -m fast` (tests/conftest.py)
+
 
 def _lucid_optimizer(kind: str, lrs: tuple[float, ...]):
     params = [lucid.Parameter(jnp.zeros(1, jnp.float64)) for _ in lrs]

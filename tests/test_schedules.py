@@ -21,6 +21,8 @@ from schedule_cases import CASES, case_id, quiet, run, torch_optimizer, torch_ro
 import lucid.functional as LF
 import lucid.functional.schedules as S
 
+pytestmark = pytest.mark.fast  # in `pytest -m fast` (tests/conftest.py)
+
 TL = torch.optim.lr_scheduler
 PRECISION = {True: (jnp.float64, 1e-12), False: (jnp.float32, 1e-6)}
 FUNCTIONAL_CASES = [case for case in CASES if case.functional is not None]

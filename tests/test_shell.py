@@ -17,6 +17,8 @@ from oracle import count_compiles, loss_jax, loss_torch, problem
 
 import lucid
 
+pytestmark = pytest.mark.fast  # in `pytest -m fast` (tests/conftest.py)
+
 
 def _lucid_params(init, dtype="float64"):
     return {k: lucid.Parameter(jnp.asarray(v, dtype)) for k, v in sorted(init.items())}

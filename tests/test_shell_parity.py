@@ -16,6 +16,8 @@ from oracle import F32_RTOL_FLOOR, F64_RTOL, problem, relative_error, run_shell,
 
 import lucid
 
+pytestmark = pytest.mark.fast  # in `pytest -m fast` (tests/conftest.py)
+
 
 def _compare_state_dicts(ours: dict, theirs: dict, rtol: float) -> None:
     assert len(ours["param_groups"]) == len(theirs["param_groups"])

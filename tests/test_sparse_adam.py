@@ -225,6 +225,7 @@ FLOAT64_CASES = [(options, "dense") for options in OPTIONS] + [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("options", "grads"), FLOAT64_CASES, ids=[f"{g}-{_ids(o)}" for o, g in FLOAT64_CASES]
 )

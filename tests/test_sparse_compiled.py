@@ -85,6 +85,7 @@ def _lucid_run(name: str, options: dict, compiled: bool) -> list[np.ndarray]:
     return [np.asarray(p.data) for p in params]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize(("name", "options"), CASES, ids=[f"{n}-{o}" for n, o in CASES])
 def test_sparse_gradients_change_what_torchs_sparse_path_changes(name, options, compiled):

@@ -23,7 +23,6 @@ import os
 import re
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -190,35 +189,3 @@ def test_the_checker_flags_them_against_the_installed_jax(tmp_path):
     found = {(int(m["line"]), m["kw"]) for m in map(FLAGGED.match, errors) if m}
     assert found == _misspelled(good, bad)
     assert len(errors) == len(found), errors
-
-
-def test_the_wheel_ships_py_typed_and_every_stub(tmp_path):
-    """setuptools' package-data puts ``py.typed`` and the stubs in the wheel (built from a
-    copy of the sources, so the build leaves nothing in the working tree)."""
-    import shutil
-
-    source = tmp_path / "src"
-    shutil.copytree(ROOT / "lucid", source / "lucid", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path / "dist"),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = (tmp_path / "dist").glob("lucid-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert "lucid/py.typed" in names
-    stubs = {str(p.relative_to(ROOT)) for p in (ROOT / "lucid").rglob("*.pyi")}
-    assert stubs and stubs <= names
