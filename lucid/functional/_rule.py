@@ -445,7 +445,7 @@ def apply_leaves(
       >>> from lucid.functional.muon import MUON
       >>> options = {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.9, "nesterov": True,
       ...            "ns_coefficients": (3.4445, -4.775, 2.0315), "eps": 1e-7,
-      ...            "ns_steps": 5, "adjust_lr_fn": None}
+      ...            "ns_steps": 5, "adjust_lr_fn": None, "batched_matrices": False}
       >>> hyper, flags = MUON.split(options)
       >>> params = [jnp.ones((2, 3)), jnp.zeros((2, 3))]  # one class: one batched call
       >>> states = [MUON.init(p, hyper) for p in params]
