@@ -32,6 +32,7 @@ from .optimizer import Optimizer
 
 __all__ = [
     "CompiledOptimizer",
+    "CompiledScheduleFree",
     "FusedStep",
     "compile_optimizer",
     "fused_step",
