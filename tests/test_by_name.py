@@ -150,6 +150,20 @@ def _transposed(name, value):
 GPT_RENAME = {"proj.weight": "proj.kernel", "fc.weight": "fc.kernel"}
 
 
+def _step_both_and_compare(model, topt, params, opt, grads) -> None:
+    """Step torch's GPT and lucid's (transposed weights) on the same gradients; then
+    lucid's parameters must be torch's, transposed."""
+    for g in grads:
+        for n, p in model.named_parameters():
+            p.grad = torch.tensor(g[n])
+            params[GPT_RENAME.get(n, n)].grad = jnp.asarray(_transposed(n, g[n]))
+        topt.step()
+        opt.step()
+    for n, p in model.named_parameters():
+        expected = _transposed(n, p.detach().numpy())
+        chex.assert_trees_all_close(np.asarray(params[GPT_RENAME.get(n, n)].data), expected)
+
+
 def test_a_checkpoint_without_param_names_loads_with_torchs_names_given():
     model, topt, names, grads = _torch_gpt(2)
     saved = topt.state_dict()
@@ -165,15 +179,7 @@ def test_a_checkpoint_without_param_names_loads_with_torchs_names_given():
     opt.load_state_dict(
         lucid.optim.from_torch(saved, opt, names=names, rename=GPT_RENAME, layouts=layouts)
     )
-    for g in grads[2:]:
-        for n, p in model.named_parameters():
-            p.grad = torch.tensor(g[n])
-            params[GPT_RENAME.get(n, n)].grad = jnp.asarray(_transposed(n, g[n]))
-        topt.step()
-        opt.step()
-    for n, p in model.named_parameters():
-        expected = _transposed(n, p.detach().numpy())
-        chex.assert_trees_all_close(np.asarray(params[GPT_RENAME.get(n, n)].data), expected)
+    _step_both_and_compare(model, topt, params, opt, grads[2:])
     named = torch.optim.AdamW([("a", torch.nn.Parameter(torch.ones(2)))])
     one = lucid.optim.AdamW([("a", lucid.Parameter(jnp.ones(2)))])
     with pytest.raises(ValueError, match="saved the names"):  # names other than the saved
@@ -198,15 +204,7 @@ def test_a_square_weight_without_a_layout_is_refused_in_words():
             saved, opt, names=names, rename=GPT_RENAME, default_layout=everything
         )
     )
-    for g in grads[2:]:
-        for n, p in model.named_parameters():
-            p.grad = torch.tensor(g[n])
-            params[GPT_RENAME.get(n, n)].grad = jnp.asarray(_transposed(n, g[n]))
-        topt.step()
-        opt.step()
-    for n, p in model.named_parameters():
-        expected = _transposed(n, p.detach().numpy())
-        chex.assert_trees_all_close(np.asarray(params[GPT_RENAME.get(n, n)].data), expected)
+    _step_both_and_compare(model, topt, params, opt, grads[2:])
     # and back: the same rule for lucid -> torch
     with pytest.raises(ValueError, match=r"'proj.weight' has shape \(3, 3\)"):
         lucid.optim.to_torch_by_name(opt.state_dict(), rename=GPT_RENAME, layouts=rect_only)
