@@ -212,6 +212,23 @@ def test_the_optimizer_reference_leaves_the_engine_hooks_to_extending():
         assert f"lucid.optim.Optimizer.{torch_api}" in optim
 
 
+@needs_site
+def test_each_scheduler_entry_shows_its_plot():
+    html = (SITE / "reference/lr_scheduler.html").read_text(encoding="utf-8")
+    entries = re.split(
+        r'(?=<h2 id="lucid\.optim\.lr_scheduler\.\w+" class="doc doc-heading")', html
+    )
+    plotted = {}
+    for entry in entries[1:]:
+        name = re.match(r'<h2 id="lucid\.optim\.lr_scheduler\.(\w+)"', entry).group(1)
+        # in the entry, above its first section (Parameters:), as torch's docs place it
+        at = entry.find(f'src="../assets/schedules/{name}.png"')
+        sections = entry.find("doc-section-title")
+        plotted[name] = at >= 0 and (sections < 0 or at < sections)
+    missing = [name for name, shown in plotted.items() if not shown and name != "LRScheduler"]
+    assert len(plotted) >= 16 and not missing, f"scheduler entries without their plot: {missing}"
+
+
 # --------------------------------------------------- the checks, on pages written here
 def _doc(body: str) -> str:
     return f"<html><head><style>.x{{}}</style></head><body>{body}</body></html>"
