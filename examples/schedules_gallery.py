@@ -219,13 +219,15 @@ def draw(curves: list[tuple[str, np.ndarray, np.ndarray, str]], columns: int = 2
     a page (at four a row it shrank to a quarter of that).
     """
     rows = math.ceil(len(curves) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.0 * rows), squeeze=False)
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(4.6 * columns, 3.0 * rows), squeeze=False, layout="constrained"
+    )
     for ax, curve in zip(axes.flat, curves, strict=False):
         _panel(ax, curve)
     for ax in list(axes.flat)[len(curves) :]:
         ax.axis("off")
+    # a constrained layout keeps the title clear of the first row's (tight_layout did not)
     figure.suptitle("lucid.functional.schedules against torch.optim.lr_scheduler", fontsize=12)
-    figure.tight_layout()
     return figure
 
 
