@@ -1,6 +1,11 @@
-"""Plot every lucid schedule with torch's curve underneath, into one PNG.
+"""Plot every lucid schedule with torch's curve underneath, into one PNG, and one per scheduler.
 
     python examples/schedules_gallery.py [output.png]   # default: docs/assets/schedules.png
+    python examples/schedules_gallery.py --each DIR     # default DIR: docs/assets/schedules/
+
+The second form writes ``<Scheduler>.png`` for each class of
+``lucid.optim.lr_scheduler`` (its panels side by side where the gallery has two),
+the plots the API reference shows on each scheduler's entry, as torch's docs do.
 
 Each panel draws torch.optim.lr_scheduler's learning rate after every
 ``step()`` (a wide pale line) and ``lucid.functional.schedules``' value at the
@@ -195,34 +200,81 @@ def relative_difference(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.max(np.where(both_zero, 0.0, np.abs(actual - expected) / scale)))
 
 
-def draw(curves: list[tuple[str, np.ndarray, np.ndarray, str]], columns: int = 4) -> plt.Figure:
-    """One panel per schedule: the reference curve, lucid's values over it."""
+def _panel(ax: plt.Axes, curve: tuple[str, np.ndarray, np.ndarray, str]) -> None:
+    title, reference, ours, reference_name = curve
+    steps = np.arange(len(reference))
+    ax.plot(steps, reference, color="#f4a259", linewidth=5, alpha=0.6, label=reference_name)
+    ax.plot(steps, ours, ".", color="#1d3557", markersize=4, label="lucid (jit, float32)")
+    ax.set_title(f"{title}\nmax rel. diff {relative_difference(ours, reference):.1e}", fontsize=10)
+    ax.tick_params(labelsize=8)
+    ax.set_xlabel("step() calls", fontsize=8)
+    ax.set_ylabel("lr", fontsize=8)
+    ax.legend(fontsize=7, loc="best")
+
+
+def draw(curves: list[tuple[str, np.ndarray, np.ndarray, str]], columns: int = 2) -> plt.Figure:
+    """One panel per schedule: the reference curve, lucid's values over it.
+
+    Two panels a row by default, so that the figure keeps its titles legible at the width of
+    a page (at four a row it shrank to a quarter of that).
+    """
     rows = math.ceil(len(curves) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 2.9 * rows), squeeze=False)
-    for ax, (title, reference, ours, reference_name) in zip(axes.flat, curves, strict=False):
-        steps = np.arange(len(reference))
-        ax.plot(steps, reference, color="#f4a259", linewidth=5, alpha=0.6, label=reference_name)
-        ax.plot(steps, ours, ".", color="#1d3557", markersize=3, label="lucid (jit, float32)")
-        ax.set_title(
-            f"{title}\nmax rel. diff {relative_difference(ours, reference):.1e}", fontsize=9
-        )
-        ax.tick_params(labelsize=7)
-        ax.set_xlabel("step() calls", fontsize=7)
-        ax.legend(fontsize=6, loc="best")
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(4.6 * columns, 3.0 * rows), squeeze=False, layout="constrained"
+    )
+    for ax, curve in zip(axes.flat, curves, strict=False):
+        _panel(ax, curve)
     for ax in list(axes.flat)[len(curves) :]:
         ax.axis("off")
+    # a constrained layout keeps the title clear of the first row's (tight_layout did not)
     figure.suptitle("lucid.functional.schedules against torch.optim.lr_scheduler", fontsize=12)
-    figure.tight_layout()
     return figure
 
 
-def main() -> None:
+def scheduler_of(title: str) -> str:
+    """The lucid.optim.lr_scheduler class a panel's title is about (Noam: NoamScheduler)."""
+    name = title.split("(")[0]
+    return "NoamScheduler" if name == "Noam" else name
+
+
+def draw_each(curves: list[tuple[str, np.ndarray, np.ndarray, str]], directory: Path) -> list[Path]:
+    """One PNG per scheduler class, ``<class>.png``, its panels side by side."""
+    by_class: dict[str, list] = {}
+    for curve in curves:
+        by_class.setdefault(scheduler_of(curve[0]), []).append(curve)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, mine in by_class.items():
+        figure, axes = plt.subplots(1, len(mine), figsize=(4.8 * len(mine), 2.9), squeeze=False)
+        for ax, curve in zip(axes.flat, mine, strict=True):
+            _panel(ax, curve)
+        figure.tight_layout()
+        path = directory / f"{name}.png"
+        figure.savefig(path, dpi=90)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", nargs="?", default="docs/assets/schedules.png")
-    output = Path(parser.parse_args().output)
+    parser.add_argument(
+        "--each",
+        type=Path,
+        nargs="?",
+        const=Path("docs/assets/schedules"),
+        help="write one PNG per scheduler into this folder instead",
+    )
+    args = parser.parse_args(argv)
+    output = Path(args.output)
 
     plt.switch_backend("Agg")
     curves = panels()
+    if args.each is not None:
+        written = draw_each(curves, args.each)
+        print(f"wrote {len(written)} plots into {args.each}")
+        return
     figure = draw(curves)
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, dpi=110)

@@ -302,7 +302,8 @@ class Parameter:
         and gradient, since nothing is copied.
 
         Args:
-          storage: the new storage (it implements `lucid._storage.Storage`).
+          storage: the new storage (an object with the interface of lucid's storages:
+            the flat buffers a compiled optimizer keeps).
           index: this parameter's index in `storage`.
         """
         self._storage, self._index = storage, index

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, ClassVar, get_args, get_origin
+from typing import Any, ClassVar, ForwardRef, get_args, get_origin
 
 import griffe
 
@@ -26,6 +26,10 @@ _CLASSVAR = re.compile(r"^(?:typing\.)?ClassVar\[(.*)\]$", re.S)
 
 def _text(annotation: Any) -> str:
     """An annotation as the source spells it, without ``ClassVar[...]``."""
+    if isinstance(annotation, ForwardRef):
+        # a NamedTuple's fields under `from __future__ import annotations`: typing wraps each
+        # string annotation in a ForwardRef, whose repr would show as `ForwardRef('Any')`
+        annotation = annotation.__forward_arg__
     if isinstance(annotation, str):
         match = _CLASSVAR.match(annotation.strip())
         return match.group(1) if match else annotation

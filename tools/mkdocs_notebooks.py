@@ -17,7 +17,14 @@ On those pages the hook also
 * drops the MathJax 2 and mermaid loaders that nbconvert's template writes
   into every notebook, both from cdnjs: every page of the site loads the
   MathJax bundled in docs/javascripts/, whose configuration typesets notebook
-  Markdown as well, and no notebook draws a mermaid diagram.
+  Markdown as well, and no notebook draws a mermaid diagram;
+* points the theme's "Skip to content" link at the notebook's first heading
+  where mkdocs-jupyter's table of contents names an anchor the page lacks (a
+  title with code spans, "`compile_optimizer` and `fused_step`", gave ``#and``
+  while nbconvert wrote ``id="compile_optimizer-and-fused_step"``).
+
+A progress bar (tqdm writes to stderr) is shown as plain output, not in the
+error colour nbconvert's CSS gives stderr: docs/stylesheets/extra.css.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ log = logging.getLogger(f"mkdocs.hooks.{__name__}")
 _MATHJAX_LOADER = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.S)
 _MERMAID_LOADER = re.compile(r'<script type="module">(?:(?!</script>).)*?mermaid.*?</script>', re.S)
 _LINK = re.compile(r'(<a\s[^>]*?href=")([^"#]+)((?:#[^"]*)?")')
+_SKIP = re.compile(r'(<a href="#)([^"]*)(" class="md-skip">)')
+_FIRST_HEADING = re.compile(r'<h[1-6] id="([^"]+)"')
 
 
 def _root(config: MkDocsConfig) -> Path:
@@ -90,3 +99,13 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
         return f"{start}{url}{end}"
 
     return _LINK.sub(relink, html)
+
+
+def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
+    if not _is_notebook(page):
+        return output
+    skip = _SKIP.search(output)
+    heading = _FIRST_HEADING.search(output)
+    if skip and heading and f'id="{skip.group(2)}"' not in output:
+        output = output[: skip.start(2)] + heading.group(1) + output[skip.end(2) :]
+    return output

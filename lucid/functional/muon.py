@@ -47,7 +47,7 @@ elementwise: the compiled step updates each parameter as itself. It is
 ``batched``: in every form, same-shaped matrices (of one dtype, placement and
 set of static options) are stacked and updated in one ``jax.vmap``ped call, so
 each Newton-Schulz product is one batched matrix product per shape, with the
-per-matrix numbers (`lucid.functional._rule.apply_leaves`).
+numbers of one matrix at a time.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The optimizers take torch's constructor arguments and defaults, keep torch's
 `param_groups` and state names, and load and save torch's `state_dict`
 format; [lucid.optim.lr_scheduler][] and [lucid.optim.swa_utils][] work on
-them as torch's do. [compile_optimizer][lucid.optim.compile_optimizer] runs a
+them as torch's do. [compile_optimizer][lucid.compile_optimizer] runs a
 step as one compiled executable; [lucid.optim.checkpoint][] saves sharded
 state with orbax; [lucid.optim.functional][] holds torch's functional
 optimizers over lists of arrays.

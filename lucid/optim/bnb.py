@@ -9,7 +9,7 @@ backend. Its `state_dict()` is bitsandbytes' (`step`, and `state1`, `state2`, `q
 checkpoint resumes here and a lucid checkpoint, through
 [to_torch][lucid.optim.to_torch], resumes in bitsandbytes. `Paged*` classes are the
 unpaged ones (paging is CUDA unified memory; JAX places arrays itself).
-[compile_optimizer][lucid.optim.compile_optimizer] runs every one of them.
+[compile_optimizer][lucid.compile_optimizer] runs every one of them.
 """
 
 from __future__ import annotations

@@ -234,7 +234,8 @@ class Optimizer:
             them already (`step` reads them with its checks); `None` reads them here.
 
         Returns:
-          One `lucid.optim._engine.Group` per parameter group, in order.
+          One engine group (the engine's own record of a parameter group: its
+          parameters, options and hyper-parameters) per parameter group, in order.
         """
         rule = self.rule
         assert rule is not None
@@ -256,7 +257,8 @@ class Optimizer:
         with `end_step`).
 
         Returns:
-          One `lucid.optim._engine.Group` per parameter group, in order.
+          One engine group (the engine's own record of a parameter group: its
+          parameters, options and hyper-parameters) per parameter group, in order.
 
         Raises:
           ValueError: an option edited into `param_groups`, or a write into `state`,

@@ -17,9 +17,8 @@ enabled). A callable you pass (`lambda_lr`'s `lr_lambda`, a custom
 float64 under x64; write `1.0 / (1 + t.astype(jnp.float32))` to keep a
 float32 step free of it.
 
-The formulas are shared with `lucid.optim.lr_scheduler`: each module writes
-a schedule's math once as `<name>_at(t, ..., ops)`, evaluated here with jax
-arrays and there with Python floats (see `_ops`).
+The formulas are shared with `lucid.optim.lr_scheduler`: each schedule's math
+is written once, evaluated here with jax arrays and there with Python floats.
 
 Examples:
   >>> import jax.numpy as jnp, optax, lucid.functional as LF
