@@ -405,7 +405,8 @@ SHARDED = textwrap.dedent(
 
     for compiled in (False, True):
         batched = run(MUON, compiled)
-        single = run(with_batched(MUON, False), compiled)
+        per_matrix = dataclasses.replace(MUON.execution, batched=False)
+        single = run(dataclasses.replace(MUON, execution=per_matrix), compiled)
         for b, s in zip(batched, single):
             np.testing.assert_array_equal(b, s)
     # the two matrices sharded alike are batched, the two others not: 15 batched
