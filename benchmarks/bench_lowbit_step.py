@@ -48,7 +48,7 @@ import lucid
 import lucid.optim.bnb
 import lucid.optim.torchao
 from benchmarks import bench_bnb, shapes
-from lucid.functional import _rule
+from lucid.functional import _apply
 
 shapes.SETS.setdefault("one_4096", lambda: [(4096, 4096)])
 shapes.SETS.setdefault("small_gpt", lambda: shapes.gpt2(d_model=256, n_layer=4, vocab=8192))
@@ -97,12 +97,12 @@ def _leaf_program(cls, shape):
     opt = cls([param], lr=1e-3)
     rule, options = opt.rule, opt.param_groups[0]
     hyper, flags = rule.split(options)
-    hyper = {k: jnp.asarray(v, jnp.float32) for k, v in _rule.pack(rule, hyper).items()}
+    hyper = {k: jnp.asarray(v, jnp.float32) for k, v in _apply.pack(rule, hyper).items()}
     p = jnp.full(shape, 0.02, jnp.float32)
-    state = _rule.init_leaf(rule, flags, hyper, p)
+    state = _apply.init_leaf(rule, flags, hyper, p)
 
     def update(h, p, g, s):
-        return _rule.apply_leaf(rule, flags, h, p, g, s)
+        return _apply.apply_leaf(rule, flags, h, p, g, s)
 
     return jax.jit(update, donate_argnums=(1, 3)).lower(hyper, p, p, state).compile()
 

@@ -157,4 +157,4 @@ def test_a_state_of_the_wrong_shape_is_refused_and_nothing_changes():
 
 
 def test_the_rule_declares_what_the_compiled_step_needs():
-    assert ADAFACTOR.elementwise is False and ADAFACTOR.storage_dtype is True
+    assert ADAFACTOR.execution.elementwise is False and ADAFACTOR.storage_dtype is True

@@ -1,8 +1,8 @@
 """Same-shaped parameters of a ``batched`` rule are updated in one batched call
-(`lucid.functional._rule.apply_leaves`), with the numbers of the per-parameter
+(`lucid.functional._apply.apply_leaves`), with the numbers of the per-parameter
 update, in every form: the functional transform, the eager and the compiled step.
 
-The oracle is the same rule with ``batched=False`` (``dataclasses.replace``):
+The oracle is the same rule with ``Execution.batched`` off (`with_batched`):
 each parameter through `apply_leaf` alone, as before batching existed. On XLA:CPU
 Muon's batched step is the per-matrix step bit for bit (the Newton-Schulz
 products become batched ``dot_general``s that XLA:CPU runs as one matrix product
@@ -27,13 +27,20 @@ import pytest
 from _distributed import HOST_DEVICES, run_script
 
 import lucid
-from lucid.functional._rule import apply_leaf, apply_leaves, pack, transform
+from lucid.functional._apply import apply_leaf, apply_leaves, pack, transform
 from lucid.functional.muon import MUON, MUON_SIGNATURE, _with_ns_dtype, orthogonalize
+from lucid.functional.rule import Rule
 from lucid.functional.sgd import SGD
 from lucid.optim._engine import compiled as compiled_module
 from lucid.optim._engine import eager as eager_module
 
-PER_MATRIX = dataclasses.replace(MUON, batched=False)
+
+def with_batched(rule: Rule, batched: bool) -> Rule:
+    """``rule`` with its `Execution.batched` hint set to ``batched`` (nothing else moves)."""
+    return dataclasses.replace(rule, execution=dataclasses.replace(rule.execution, batched=batched))
+
+
+PER_MATRIX = with_batched(MUON, False)
 COEFFICIENTS = (3.4445, -4.775, 2.0315)
 NS_STEPS = 5
 DOTS_PER_UPDATE = 3 * NS_STEPS  # X X^T, G G and (bG + cG^2) X per iteration
@@ -118,7 +125,7 @@ def _run_transform(rule, params, steps=3, **options):
 @pytest.mark.parametrize("ns_dtype", [None, jnp.float64], ids=["bfloat16 NS", "float64 NS"])
 def test_functional_batched_equals_per_matrix_bit_for_bit(ns_dtype):
     batched = MUON if ns_dtype is None else _with_ns_dtype(ns_dtype)
-    oracle = dataclasses.replace(batched, batched=False)
+    oracle = with_batched(batched, False)
     params = _arrays(0)
     _assert_bitwise(_run_transform(batched, params), _run_transform(oracle, params))
 
@@ -303,7 +310,11 @@ def test_the_eager_step_batches_each_group_s_shape_classes():
 
 
 def test_muon_is_batched_by_default():
-    assert MUON.batched and lucid.optim.Muon.rule.batched and not PER_MATRIX.batched
+    assert (
+        MUON.execution.batched
+        and lucid.optim.Muon.rule.execution.batched
+        and not PER_MATRIX.execution.batched
+    )
 
 
 # ---------------------------------------------- leaves that cannot batch
@@ -314,7 +325,7 @@ def test_leaves_that_cannot_batch_are_updated_alone_in_their_order():
     through `apply_leaf` alone; every output is the per-leaf one, in input order."""
     from jax.experimental import sparse
 
-    rule = dataclasses.replace(SGD, batched=True)
+    rule = with_batched(SGD, True)
     hyper, flags = rule.split(
         {
             "lr": 0.1,
@@ -394,7 +405,8 @@ SHARDED = textwrap.dedent(
 
     for compiled in (False, True):
         batched = run(MUON, compiled)
-        single = run(dataclasses.replace(MUON, batched=False), compiled)
+        per_matrix = dataclasses.replace(MUON.execution, batched=False)
+        single = run(dataclasses.replace(MUON, execution=per_matrix), compiled)
         for b, s in zip(batched, single):
             np.testing.assert_array_equal(b, s)
     # the two matrices sharded alike are batched, the two others not: 15 batched
@@ -436,13 +448,13 @@ def _entry(reference: str, name: str):
 @pytest.mark.parametrize("reference,name,dtype", OTHERS, ids=[n for _, n, _ in OTHERS])
 def test_other_batched_rules_equal_their_per_parameter_update_bit_for_bit(reference, name, dtype):
     entry = _entry(reference, name)
-    assert entry.rule.batched
+    assert entry.rule.execution.batched
     options = entry.signature.bind(name, (), {"lr": 1e-3})
     rng = np.random.default_rng(0)
     shapes = [(64, 128)] * 3 + [(4096,)] * 2 + [(8, 16)]
     params = {f"p{i}": jnp.asarray(rng.normal(size=s), dtype) for i, s in enumerate(shapes)}
     results = []
-    for rule in (entry.rule, dataclasses.replace(entry.rule, batched=False)):
+    for rule in (entry.rule, with_batched(entry.rule, False)):
         tx = transform(rule, options)
         state, values = tx.init(params), params
         update = jax.jit(tx.update)
@@ -453,7 +465,7 @@ def test_other_batched_rules_equal_their_per_parameter_update_bit_for_bit(refere
             }
             if step == 0:  # the three matrices are one batched call
                 batched = "3,64,128]" in str(jax.make_jaxpr(tx.update)(grads, state, values))
-                assert batched == rule.batched
+                assert batched == rule.execution.batched
             updates, state = update(grads, state, values)
             values = optax.apply_updates(values, updates)
         results.append((values, state))
@@ -463,5 +475,5 @@ def test_other_batched_rules_equal_their_per_parameter_update_bit_for_bit(refere
 def test_torchao_fp8_adam_is_not_batched():
     # under vmap XLA divides a batched scale by 448 otherwise than torch's quotient
     # (an ulp off in some scales): the fp8 rules update each parameter alone
-    assert not _entry("torchao", "AdamFp8").rule.batched
-    assert _entry("torchao", "Adam8bit").rule.batched
+    assert not _entry("torchao", "AdamFp8").rule.execution.batched
+    assert _entry("torchao", "Adam8bit").rule.execution.batched

@@ -1,4 +1,4 @@
-"""bitsandbytes' rules in the compiled step's flat buffers (`Rule.blocks`), against
+"""bitsandbytes' rules in the compiled step's flat buffers (`Execution.blocks`), against
 bitsandbytes 0.50 itself on CPU.
 
 An 8-bit state is blocks of 256 elements, each quantized on its own, so the compiled

@@ -179,7 +179,7 @@ def _family_cases():
     most options), and Adam with amsgrad."""
     last = {}
     for name, options in ALL_CASES:
-        if getattr(lucid.optim, name).rule.elementwise:
+        if getattr(lucid.optim, name).rule.execution.elementwise:
             last[name] = options
     return [(name, options) for name, options in last.items()] + [
         ("Adam", {"lr": 0.01, "amsgrad": True})
@@ -311,7 +311,7 @@ def test_a_group_in_one_call_equals_calls_of_one_parameter_bit_for_bit(name, opt
     """Every parameter of a group in one call of its program (as a step runs a group
     whose parameters are not laid end to end) gives the numbers of one call per
     parameter (as a step split them before) bit for bit."""
-    from lucid.functional._rule import hyper_values
+    from lucid.functional._apply import hyper_values
     from lucid.optim._engine.state import begin, packed_hyper
 
     opt = getattr(lucid.optim, name)([lucid.Parameter(jnp.zeros(2))], **options)

@@ -284,7 +284,7 @@ def test_eager_compiled_fused_backward_and_store_lower_clean(case, x64_on):
     programs = list(recorder.programs.values())
     labels = {p.label for p in programs}
     assert any(label.startswith("jit(") for label in labels), labels
-    if getattr(lucid.optim, name).rule.elementwise:  # flat stores exist only for these
+    if getattr(lucid.optim, name).rule.execution.elementwise:  # flat stores exist only for these
         assert any("_store._write" in label for label in labels), labels
     _assert_clean(programs)
     steps = [p for p in programs if p.donates]

@@ -49,7 +49,7 @@ from oracle import (
 )
 
 import lucid
-from lucid.functional._rule import transform
+from lucid.functional._apply import transform
 from lucid.functional.muon import MUON, _with_ns_dtype, lr_ratio, muon, orthogonalize
 from lucid.optim._engine import CompiledBackend
 
@@ -466,7 +466,7 @@ def test_checkpoints_move_both_ways(compiled, float64_ns):
 
 
 def test_the_rule_is_not_elementwise_and_each_matrix_is_its_own_bucket():
-    assert MUON.elementwise is False
+    assert MUON.execution.elementwise is False
     params = [lucid.Parameter(jnp.ones((4, 3))), lucid.Parameter(jnp.ones((4, 3)))]
     opt = lucid.optim.Muon(params, lr=0.02)
     lucid.compile_optimizer(opt)

@@ -28,7 +28,7 @@ from oracle import F64_RTOL, error_of, relative_error, torch_default_dtype
 from test_muon import MUON_F64, TORCH_NS_F64
 
 import lucid
-from lucid.functional._rule import transform
+from lucid.functional._apply import transform
 from lucid.functional.muon import lr_ratio, muon
 
 STEPS = 5

@@ -5,7 +5,7 @@ at a stored zero: SparseAdam decays its moments there, Adagrad divides ``0/0`` t
 ``eps`` and the accumulator are zero, and neither touches an entry never stored. The
 compiled step lays a group's gradients out in one flat buffer, so a sparse gradient
 reaches its program dense, with the mask of its stored entries
-(`lucid.functional._rule.Present`); these tests hold it to the eager step and to torch
+(`lucid.functional._apply.Present`); these tests hold it to the eager step and to torch
 where the dense rule would differ: a stored zero after nonzero values (SparseAdam), and
 entries no gradient ever stores with ``eps=0`` (Adagrad). The three parameters share one
 group, so the compiled step updates them in one flat buffer: two take sparse gradients

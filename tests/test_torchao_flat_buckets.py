@@ -1,4 +1,4 @@
-"""torchao's rules in the compiled step's flat buffers (`Rule.blocks`), against torchao
+"""torchao's rules in the compiled step's flat buffers (`Execution.blocks`), against torchao
 0.18 itself on CPU (TorchDynamo off, as `test_torchao` runs it).
 
 A quantized moment is blocks of ``block_size`` elements, each scaled on its own, so the
@@ -26,7 +26,7 @@ from test_torchao import NAMES, _grads, _init, check_match, run_both, torch
 
 import lucid
 import lucid.optim.torchao as LO
-from lucid.functional.torchao.adam import FLAT_BUFFERS
+from lucid._platform import FLAT_EXACT
 
 ao = pytest.importorskip("torchao.optim")
 
@@ -38,9 +38,10 @@ GROUPS = [{"params": [0, 1, 2, 3, 4]}, {"params": [5, 6, 7, 8], "lr": 5e-3, "wei
 QUANTIZED = [0, 2, 4, 6, 7]
 OPTIONS = {"lr": 1e-2, "weight_decay": 0.1}
 # per group, one buffer of quantized and one of full-precision parameters; with jax 0.4
-# every parameter alone (`FLAT_BUFFERS`: the fused step moved off the eager numbers there)
-STORES = 4 if FLAT_BUFFERS else len(SHAPES)
-FLAT_ONLY = pytest.mark.skipif(not FLAT_BUFFERS, reason="no flat buffers with this jax")
+# every parameter alone (`FLAT_EXACT`, `Execution.fusion_sensitive`: the fused step moved off
+# the eager numbers there)
+STORES = 4 if FLAT_EXACT else len(SHAPES)
+FLAT_ONLY = pytest.mark.skipif(not FLAT_EXACT, reason="no flat buffers with this jax")
 
 
 def _grouped(params: list) -> list:

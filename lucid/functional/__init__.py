@@ -7,8 +7,7 @@ weight averages, and [clip_grad_norm][lucid.functional.clip_grad_norm] torch's
 gradient clipping as a transform.
 """
 
-from . import averaging, bnb, schedulefree, schedules, torchao
-from ._rule import Rule
+from . import averaging, bnb, rule, schedulefree, schedules, torchao
 from .adadelta import AdadeltaState, adadelta
 from .adafactor import AdafactorState, adafactor
 from .adagrad import AdagradState, adagrad
@@ -22,6 +21,7 @@ from .nadam import NAdamState, nadam
 from .radam import RAdamState, radam
 from .rmsprop import RMSpropState, rmsprop
 from .rprop import RpropState, rprop
+from .rule import Rule
 from .sgd import SGDState, sgd
 from .sparse_adam import SparseAdamState, sparse_adam
 
@@ -57,6 +57,7 @@ __all__ = [
     "radam",
     "rmsprop",
     "rprop",
+    "rule",
     "schedulefree",
     "schedules",
     "sgd",

@@ -10,8 +10,8 @@ import numpy as np
 
 from .._arrays import is_array
 from . import _validate
+from ._apply import is_zero
 from ._math import lerp
-from ._rule import is_zero
 
 
 def validate_adam_family(o: dict, name: str) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 
 import optax
 
-from ._rule import Rule, transform
+from ._apply import transform
+from .rule import Rule
 
 Options = dict[str, Any]
 

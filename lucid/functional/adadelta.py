@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _validate
+from ._apply import is_number, is_zero
 from ._math import guard
-from ._rule import Rule, is_number, is_zero
 from ._signature import (
     CAPTURABLE,
     DIFFERENTIABLE,
@@ -39,6 +39,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import OptionSpec, Rule
 
 __all__ = [
     "AdadeltaState",
@@ -99,12 +100,14 @@ def _update(param, grad, state, h, *, use_weight_decay, maximize):
 ADADELTA = Rule(
     name="Adadelta",
     state=AdadeltaState,
-    validate=_validate_adadelta,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_adadelta,
+        split=_split,
+        complements=("rho",),
+        guarded=("eps",),
+    ),
     init=_init,
     update=_update,
-    complements=("rho",),
-    guarded=("eps",),
 )
 
 

@@ -45,8 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._apply import is_number, is_zero
 from ._math import guard, host_max, lerp
-from ._rule import Rule, is_number, is_zero
 from ._signature import (
     FOREACH,
     KEYWORD_ONLY,
@@ -58,6 +58,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import Execution, OptionSpec, Rule
 
 __all__ = [
     "AdafactorState",
@@ -211,15 +212,19 @@ def _update(param, grad, state, h, *, maximize, use_weight_decay, eps1_from_dtyp
 ADAFACTOR = Rule(
     name="Adafactor",
     state=AdafactorState,
-    validate=_validate_adafactor,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_adafactor,
+        split=_split,
+        guarded=("eps[0]",),
+    ),
     init=_init,
     update=_update,
-    elementwise=False,
-    batched=True,
-    storage_dtype=True,
     supports_complex=False,
-    guarded=("eps[0]",),
+    storage_dtype=True,
+    execution=Execution(
+        elementwise=False,
+        batched=True,
+    ),
 )
 
 

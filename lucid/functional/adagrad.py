@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _validate
+from ._apply import is_zero
 from ._math import guard
-from ._rule import Rule, is_zero
 from ._signature import (
     DIFFERENTIABLE,
     FOREACH,
@@ -40,6 +40,7 @@ from ._signature import (
     weight_decay,
 )
 from ._sparse import dense, stored_entries
+from .rule import OptionSpec, Rule, SparseSpec
 
 __all__ = [
     "AdagradState",
@@ -127,14 +128,18 @@ def _sparse_options(o: dict) -> None:
 ADAGRAD = Rule(
     name="Adagrad",
     state=AdagradState,
-    validate=_validate_adagrad,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_adagrad,
+        split=_split,
+        guarded=("eps",),
+    ),
     init=_init,
     update=_update,
-    sparse_update=_update_sparse,
-    masked_update=_update_masked,
-    sparse_options=_sparse_options,
-    guarded=("eps",),
+    sparse=SparseSpec(
+        update=_update_sparse,
+        masked_update=_update_masked,
+        check_options=_sparse_options,
+    ),
 )
 
 

@@ -29,7 +29,6 @@ import jax.numpy as jnp
 
 from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
 from ._math import guard, one_minus_pow
-from ._rule import Rule
 from ._signature import (
     CAPTURABLE,
     DECOUPLED_WEIGHT_DECAY,
@@ -47,6 +46,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import FieldSpec, OptionSpec, Rule
 
 __all__ = [
     "AdamState",
@@ -113,15 +113,23 @@ def _update(param, grad, state, h, *, amsgrad, maximize, decoupled_weight_decay,
 ADAM = Rule(
     name="Adam",
     state=AdamState,
-    validate=lambda o: validate_adam_family(o, "Adam"),
-    split=_split,
+    options=OptionSpec(
+        validate=lambda o: validate_adam_family(o, "Adam"),
+        split=_split,
+        complements=("beta1", "beta2"),
+        guarded=("eps",),
+    ),
     init=_init,
     update=_update,
-    complements=("beta1", "beta2"),
-    optional={"max_exp_avg_sq": "amsgrad"},
-    guarded=("eps",),
+    fields=FieldSpec(
+        optional={"max_exp_avg_sq": "amsgrad"},
+    ),
 )
-ADAMW = dataclasses.replace(ADAM, name="AdamW", validate=lambda o: validate_adam_family(o, "AdamW"))
+ADAMW = dataclasses.replace(
+    ADAM,
+    name="AdamW",
+    options=dataclasses.replace(ADAM.options, validate=lambda o: validate_adam_family(o, "AdamW")),
+)
 
 
 AMSGRAD = Arg(

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 
 from ._adam_family import decayed, split_adam_family, validate_adam_family
 from ._math import guard, lerp, one_minus_pow
-from ._rule import Rule
 from ._signature import (
     CAPTURABLE,
     DIFFERENTIABLE,
@@ -38,6 +37,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import OptionSpec, Rule
 
 __all__ = [
     "AdamaxState",
@@ -84,12 +84,14 @@ def _update(param, grad, state, h, *, use_weight_decay, maximize):
 ADAMAX = Rule(
     name="Adamax",
     state=AdamaxState,
-    validate=lambda o: validate_adam_family(o, "Adamax"),
-    split=_split,
+    options=OptionSpec(
+        validate=lambda o: validate_adam_family(o, "Adamax"),
+        split=_split,
+        complements=("beta1",),
+        guarded=("eps",),
+    ),
     init=_init,
     update=_update,
-    complements=("beta1",),
-    guarded=("eps",),
 )
 
 

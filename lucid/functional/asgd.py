@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _validate
-from ._rule import Rule, is_zero
+from ._apply import is_zero
 from ._signature import (
     CAPTURABLE,
     DIFFERENTIABLE,
@@ -39,6 +39,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import FieldSpec, OptionSpec, Rule
 
 __all__ = [
     "ASGDState",
@@ -116,11 +117,15 @@ def _update(param, grad, state, h, *, maximize, use_weight_decay):
 ASGD = Rule(
     name="ASGD",
     state=ASGDState,
-    validate=_validate_asgd,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_asgd,
+        split=_split,
+    ),
     init=_init,
     update=_update,
-    scalar_state=("step", "eta", "mu"),
+    fields=FieldSpec(
+        scalar=("step", "eta", "mu"),
+    ),
 )
 
 

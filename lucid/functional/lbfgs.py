@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _validate
-from ._rule import Rule
 from ._signature import KEYWORD_ONLY, Arg, Example, Signature, lr, transform_of
+from .rule import OptionSpec, Rule, SparseSpec
 
 __all__ = [
     "LBFGSState",
@@ -110,11 +110,15 @@ def _update_sparse(param, grad, state, h, *, maximize):
 LBFGS = Rule(
     name="LBFGS",
     state=LBFGSState,
-    validate=validate_lbfgs,
-    split=_split,
+    options=OptionSpec(
+        validate=validate_lbfgs,
+        split=_split,
+    ),
     init=_init,
     update=_update,
-    sparse_update=_update_sparse,
+    sparse=SparseSpec(
+        update=_update_sparse,
+    ),
 )
 
 

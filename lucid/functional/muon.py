@@ -61,8 +61,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ._apply import is_number
 from ._math import guard, lerp
-from ._rule import Rule, is_number
 from ._signature import (
     KEYWORD_ONLY,
     Arg,
@@ -73,6 +73,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import Execution, FieldSpec, OptionSpec, Rule
 
 __all__ = [
     "MuonState",
@@ -320,17 +321,23 @@ def _update(
 MUON = Rule(
     name="Muon",
     state=MuonState,
-    validate=_validate_muon,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_muon,
+        split=_split,
+        complements=("momentum",),
+        guarded=("eps",),
+        check_at_step=_check_at_step,
+    ),
     init=_init,
     update=_update,
-    complements=("momentum",),
-    hidden={"step": 0.0},
-    elementwise=False,
-    batched=True,
-    check_at_step=_check_at_step,
+    fields=FieldSpec(
+        hidden={"step": 0.0},
+    ),
     supports_complex=False,
-    guarded=("eps",),
+    execution=Execution(
+        elementwise=False,
+        batched=True,
+    ),
 )
 
 

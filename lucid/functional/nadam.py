@@ -32,7 +32,6 @@ import jax.numpy as jnp
 from . import _validate
 from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
 from ._math import guard, one_minus_pow
-from ._rule import Rule
 from ._signature import (
     CAPTURABLE,
     DECOUPLED_WEIGHT_DECAY,
@@ -49,6 +48,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import FieldSpec, OptionSpec, Rule
 
 __all__ = [
     "NAdamState",
@@ -123,13 +123,17 @@ def _update(param, grad, state, h, *, maximize, decoupled_weight_decay, use_weig
 NADAM = Rule(
     name="NAdam",
     state=NAdamState,
-    validate=_validate_nadam,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_nadam,
+        split=_split,
+        complements=("beta1", "beta2"),
+        guarded=("eps",),
+    ),
     init=_init,
     update=_update,
-    complements=("beta1", "beta2"),
-    scalar_state=("step", "mu_product"),
-    guarded=("eps",),
+    fields=FieldSpec(
+        scalar=("step", "mu_product"),
+    ),
 )
 
 

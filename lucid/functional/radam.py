@@ -32,7 +32,6 @@ import jax.numpy as jnp
 
 from ._adam_family import decayed, moments, split_adam_family, validate_adam_family
 from ._math import guard, one_minus_pow, power
-from ._rule import Rule
 from ._signature import (
     CAPTURABLE,
     DECOUPLED_WEIGHT_DECAY,
@@ -48,6 +47,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import OptionSpec, Rule
 
 __all__ = [
     "RAdamState",
@@ -145,12 +145,14 @@ def _update(param, grad, state, h, *, maximize, decoupled_weight_decay, use_weig
 RADAM = Rule(
     name="RAdam",
     state=RAdamState,
-    validate=lambda o: validate_adam_family(o, "RAdam"),
-    split=_split,
+    options=OptionSpec(
+        validate=lambda o: validate_adam_family(o, "RAdam"),
+        split=_split,
+        complements=("beta1", "beta2"),
+        guarded=("eps",),
+    ),
     init=_init,
     update=_update,
-    complements=("beta1", "beta2"),
-    guarded=("eps",),
 )
 
 

@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _validate
+from ._apply import is_number, is_zero
 from ._math import guard, lerp
-from ._rule import Rule, is_number, is_zero
 from ._signature import (
     CAPTURABLE,
     DIFFERENTIABLE,
@@ -41,6 +41,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import FieldSpec, OptionSpec, Rule
 
 __all__ = [
     "RMSpropState",
@@ -122,13 +123,17 @@ def _update(param, grad, state, h, *, use_momentum, use_weight_decay, centered, 
 RMSPROP = Rule(
     name="RMSprop",
     state=RMSpropState,
-    validate=_validate_rmsprop,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_rmsprop,
+        split=_split,
+        complements=("alpha",),
+        guarded=("eps",),
+    ),
     init=_init,
     update=_update,
-    complements=("alpha",),
-    optional={"momentum_buffer": "use_momentum", "grad_avg": "centered"},
-    guarded=("eps",),
+    fields=FieldSpec(
+        optional={"momentum_buffer": "use_momentum", "grad_avg": "centered"},
+    ),
 )
 
 

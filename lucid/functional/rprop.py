@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _math, _validate
-from ._rule import Rule, is_number
+from ._apply import is_number
 from ._signature import (
     CAPTURABLE,
     DIFFERENTIABLE,
@@ -41,6 +41,7 @@ from ._signature import (
     lr,
     transform_of,
 )
+from .rule import OptionSpec, Rule
 
 __all__ = [
     "RpropState",
@@ -108,8 +109,10 @@ def _update(param, grad, state, h, *, maximize):
 RPROP = Rule(
     name="Rprop",
     state=RpropState,
-    validate=_validate_rprop,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_rprop,
+        split=_split,
+    ),
     init=_init,
     update=_update,
 )

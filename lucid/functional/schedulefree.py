@@ -87,9 +87,7 @@ import jax.numpy as jnp
 import optax
 
 from . import _validate
-from ._math import lerp, one_minus_pow, power
-from ._rule import (
-    Rule,
+from ._apply import (
     apply_leaf,
     as_hyper,
     check_complex,
@@ -100,7 +98,9 @@ from ._rule import (
     pack,
     resolve,
 )
+from ._math import lerp, one_minus_pow, power
 from ._signature import Arg, Example, Signature, docstring, entry, record_factory
+from .rule import FieldSpec, OptionSpec, Rule
 
 Array = jax.Array
 
@@ -472,13 +472,17 @@ def _rule(name: str, closure: bool) -> Rule:
     return Rule(
         name=name,
         state=ScheduleFreeState,
-        validate=_validate_for(name),
-        split=_split_for(kind, closure),
+        options=OptionSpec(
+            validate=_validate_for(name),
+            split=_split_for(kind, closure),
+            complements=() if kind == "sgd" else ("beta2",),
+        ),
         init=_init_for(kind),
         update=_update_for(kind, closure),
-        complements=() if kind == "sgd" else ("beta2",),
-        scalar_state=("started",),
-        hidden={"started": 1.0},
+        fields=FieldSpec(
+            scalar=("started",),
+            hidden={"started": 1.0},
+        ),
         supports_complex=False,
     )
 
@@ -589,13 +593,17 @@ def _reference_rule(name: str) -> Rule:
     return Rule(
         name=name,
         state=ScheduleFreeReferenceState,
-        validate=_validate_for(name),
-        split=_reference_split(kind),
+        options=OptionSpec(
+            validate=_validate_for(name),
+            split=_reference_split(kind),
+            complements=("ckp1", "momentum") + (() if kind == "sgd" else ("beta2",)),
+        ),
         init=_reference_init(kind),
         update=_reference_update(kind),
-        complements=("ckp1", "momentum") + (() if kind == "sgd" else ("beta2",)),
-        scalar_state=("started",),
-        hidden={"started": 1.0},
+        fields=FieldSpec(
+            scalar=("started",),
+            hidden={"started": 1.0},
+        ),
         supports_complex=False,
     )
 

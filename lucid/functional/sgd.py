@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from . import _validate
-from ._rule import Rule, is_number, is_zero
+from ._apply import is_number, is_zero
 from ._signature import (
     DIFFERENTIABLE,
     FOREACH,
@@ -41,6 +41,7 @@ from ._signature import (
     transform_of,
     weight_decay,
 )
+from .rule import FieldSpec, OptionSpec, Rule, SparseSpec
 
 __all__ = [
     "SGDState",
@@ -132,16 +133,22 @@ def _sparse_options(o: dict) -> None:
 SGD = Rule(
     name="SGD",
     state=SGDState,
-    validate=_validate_sgd,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_sgd,
+        split=_split,
+        complements=("dampening",),
+    ),
     init=_init,
     update=_update,
-    complements=("dampening",),
-    optional={"momentum_buffer": "use_momentum"},
-    start_optional=_start_momentum,
-    hidden={"step": 1.0},
-    sparse_update=_update_sparse,
-    sparse_options=_sparse_options,
+    fields=FieldSpec(
+        optional={"momentum_buffer": "use_momentum"},
+        start_optional=_start_momentum,
+        hidden={"step": 1.0},
+    ),
+    sparse=SparseSpec(
+        update=_update_sparse,
+        check_options=_sparse_options,
+    ),
 )
 
 

@@ -42,9 +42,9 @@ import jax.numpy as jnp
 
 from . import _validate
 from ._math import guard, one_minus_pow
-from ._rule import Rule
 from ._signature import MAXIMIZE, Example, Signature, betas, eps, lr, transform_of
 from ._sparse import coalesced, unbatched
+from .rule import OptionSpec, Rule, SparseSpec
 
 __all__ = [
     "SparseAdamState",
@@ -174,15 +174,19 @@ def _lazy_adam_at_entries(param, indices, data, state, h, *, maximize):
 SPARSE_ADAM = Rule(
     name="SparseAdam",
     state=SparseAdamState,
-    validate=_validate_sparse_adam,
-    split=_split,
+    options=OptionSpec(
+        validate=_validate_sparse_adam,
+        split=_split,
+        complements=("beta1", "beta2"),
+        guarded=("eps",),
+    ),
     init=_init,
     update=_update,
-    complements=("beta1", "beta2"),
-    sparse_update=_update_sparse,
-    masked_update=lazy_adam,
+    sparse=SparseSpec(
+        update=_update_sparse,
+        masked_update=lazy_adam,
+    ),
     supports_complex=False,
-    guarded=("eps",),
 )
 
 

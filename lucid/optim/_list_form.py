@@ -23,8 +23,7 @@ import jax.numpy as jnp
 
 from .._arrays import is_sparse
 from ..functional import _validate
-from ..functional._rule import (
-    Rule,
+from ..functional._apply import (
     apply_leaves,
     as_hyper,
     check_complex,
@@ -33,6 +32,7 @@ from ..functional._rule import (
     pack,
 )
 from ..functional._signature import Signature, docstring, entry
+from ..functional.rule import Rule
 
 Array = jax.Array
 Arguments = Mapping[str, Any]
@@ -137,8 +137,8 @@ class ListForm:
         options = self.options(arguments)
         hyper, flags = self.rule.split(options)
         _validate.hypers(hyper, schedules=False)
-        if self.rule.check_at_step is not None:
-            self.rule.check_at_step(options)
+        if self.rule.options.check_at_step is not None:
+            self.rule.options.check_at_step(options)
         packed = pack(self.rule, {k: as_hyper(v) for k, v in hyper.items()})
 
         params = [jnp.asarray(p) for p in arguments["params"]]
@@ -189,7 +189,7 @@ class ListForm:
 
     def _used_lists(self, flags: Mapping[str, Any]) -> set[str]:
         """The lists the rule reads under ``flags`` (an optional field's flag off: not)."""
-        optional = self.rule.optional
+        optional = self.rule.fields.optional
         return {
             name
             for name, field in self.lists
@@ -254,8 +254,8 @@ class ListForm:
             shape = getattr(fresh, field)
             if field in fields:
                 values[field] = fields[field]
-            elif field in self.rule.hidden:  # lucid's own field: its value in a loaded state
-                values[field] = jnp.asarray(self.rule.hidden[field], jnp.float32)
+            elif field in self.rule.fields.hidden:  # lucid's own field: its value in a loaded state
+                values[field] = jnp.asarray(self.rule.fields.hidden[field], jnp.float32)
             elif shape is None:
                 values[field] = None
             else:  # a field no list holds and the update does not read

@@ -89,7 +89,7 @@ def _state_names() -> frozenset[str]:
     """Every state name a registered class's rule keeps (torch's names)."""
     names: set[str] = set()
     for entry, _ in _catalogue():
-        names |= set(entry.rule.state._fields) - set(entry.rule.hidden)
+        names |= set(entry.rule.state._fields) - set(entry.rule.fields.hidden)
     return frozenset(names)
 
 
@@ -245,7 +245,7 @@ def state_saved_by(
         entry
         for entry, _ in _catalogue()
         if not isinstance(optimizer, entry.cls)
-        and strays <= set(entry.rule.state._fields) - set(entry.rule.hidden)
+        and strays <= set(entry.rule.state._fields) - set(entry.rule.fields.hidden)
     ]
     first = min((REFERENCES.index(entry.reference) for entry in keepers), default=0)
     saver = _one_of([e for e in keepers if REFERENCES.index(e.reference) == first])

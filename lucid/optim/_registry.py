@@ -35,8 +35,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..functional._rule import Rule
 from ..functional._signature import Signature, factory_of
+from ..functional.rule import Rule
 
 REFERENCES = ("torch.optim", "bitsandbytes", "torchao", "schedulefree")
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from .._arrays import to_array
 from .._parameter import Parameter
+from ..functional._apply import host_float
 from ..functional._math import max_abs
-from ..functional._rule import host_float
 from ..functional._sparse import dense
 from ..functional.lbfgs import LBFGS as LBFGS_RULE
 from ..functional.lbfgs import LBFGS_SIGNATURE

@@ -28,9 +28,10 @@ from .._arrays import to_array
 from .._parameter import Parameter
 from .._storage import by_storage
 from .._trees import boxed_tree_params
-from ..functional._rule import Rule, hyper_values
+from ..functional._apply import hyper_values
 from ..functional._signature import Signature
 from ..functional._validate import caller_outside_lucid
+from ..functional.rule import Rule
 from ._engine import Backend, EagerBackend, Group, Hyper, export, load_entry
 from ._hooks import (
     OptimizerPostHook,
@@ -512,7 +513,7 @@ class Optimizer:
         """
         if self.rule is None:
             return set()
-        return set(self.rule.state._fields) - set(self.rule.hidden)
+        return set(self.rule.state._fields) - set(self.rule.fields.hidden)
 
     def _apply_state_writes(self) -> None:
         """Hand the writes made into `state` since the last step to the engine, checked
@@ -530,7 +531,7 @@ class Optimizer:
                 # a write keeps the parameter's dtype (torch's in-place update fails on
                 # any other); a checkpoint's entries, by contrast, are converted on load
                 dtype = getattr(value, "dtype", None)
-                scalar = self.rule is not None and name in self.rule.scalar_state
+                scalar = self.rule is not None and name in self.rule.fields.scalar
                 if name in names and dtype is not None and not scalar and dtype != p.dtype:
                     raise ValueError(
                         f"state {name!r} {where} has dtype {dtype}; the parameter's is {p.dtype}"

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from ..functional import schedulefree as _sf
+from ..functional._apply import compute_dtype
 from ..functional._math import lerp
-from ..functional._rule import compute_dtype
 from ._declare import torch_optimizer
 from ._engine import Group
 from .optimizer import Optimizer

@@ -26,12 +26,14 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..._platform import has_kernels
 from .. import _validate
+from .._apply import as_hyper, is_number
 from .._lowbit import blockwise, chunks
 from .._lowbit import bnb as codec
 from .._math import one_minus_pow
-from .._rule import Rule, as_hyper, is_number
 from .._signature import Arg
+from ..rule import Execution, OptionSpec, Rule
 from . import _pallas
 
 Array = jax.Array
@@ -98,7 +100,7 @@ def eight_bit(size: int, optim_bits: int, min_8bit_size: int) -> bool:
 
 
 def _blocks(kernel: Kernel) -> Callable[..., tuple[int, dict] | None]:
-    """`Rule.blocks` of a family: an 8-bit parameter's state is blocks of
+    """`Execution.blocks` of a family: an 8-bit parameter's state is blocks of
     `codec.BLOCK_SIZE` elements, each quantized on its own, so parameters of whole
     blocks can be laid end to end; one with a partial last block stays alone (its
     block's absmax is over its own elements only, and a zero-valued element does
@@ -175,7 +177,7 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
             branches["cpu"] = functools.partial(
                 chunks.in_chunks, step8, block_size=codec.BLOCK_SIZE, lead=lead
             )
-        if _pallas.supported(kernel, p) and jax.default_backend() == "gpu":
+        if _pallas.supported(kernel, p) and has_kernels():
             # on a GPU, one fused kernel per tensor (only offered there: jax 0.4 lowers
             # every branch, and Pallas' Triton kernel does not lower for another backend)
             branches["cuda"] = functools.partial(_fused, kernel, h, t, flags)
@@ -271,17 +273,21 @@ def rule(
     return Rule(
         name=name,
         state=BnbState,
-        validate=validate,
-        split=full_split,
+        options=OptionSpec(
+            validate=validate,
+            split=full_split,
+            complements=complements,
+            check_at_step=check_bits if bits is None else None,
+        ),
         init=_init(kernel),
         update=_update(kernel),
-        complements=complements,
         supports_complex=False,
-        elementwise=False,
-        batched=True,
-        batched_unless=("gpu",),
-        blocks=_blocks(kernel),
-        check_at_step=check_bits if bits is None else None,
+        execution=Execution(
+            elementwise=False,
+            batched=True,
+            blocks=_blocks(kernel),
+            own_kernel=True,
+        ),
     )
 
 

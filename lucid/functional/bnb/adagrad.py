@@ -20,7 +20,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from .. import _validate as V
-from .._rule import is_zero
+from .._apply import is_zero
 from .._signature import Arg, Example, Signature, eps, lr
 from . import _family as F
 

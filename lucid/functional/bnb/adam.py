@@ -29,7 +29,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .._rule import is_zero
+from .._apply import is_zero
 from .._signature import Arg, Example, Signature, betas, eps, lr
 from . import _family as F
 

@@ -33,7 +33,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from .._rule import is_number, is_zero
+from .._apply import is_number, is_zero
 from .._signature import Arg, Example, Signature, eps, lr
 from . import _family as F
 

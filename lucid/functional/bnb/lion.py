@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _math
-from .._rule import is_zero
+from .._apply import is_zero
 from .._signature import Arg, Example, Signature, betas, lr
 from . import _family as F
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .._rule import is_zero
+from .._apply import is_zero
 from .._signature import Arg, Example, Signature, eps, lr
 from . import _family as F
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .._rule import is_zero
+from .._apply import is_zero
 from .._signature import Arg, Example, Signature, lr
 from . import _family as F
 

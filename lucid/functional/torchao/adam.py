@@ -50,7 +50,6 @@ from .._lowbit import chunks
 from .._lowbit.floats import FP8
 from .._lowbit.floats import bf16_stochastic_round as round_bf16_stochastically
 from .._lowbit.torchao import block_scale, dequantize, encode
-from .._rule import Rule
 from .._signature import (
     KEYWORD_ONLY,
     Arg,
@@ -62,6 +61,7 @@ from .._signature import (
     transform_of,
     weight_decay,
 )
+from ..rule import Execution, FieldSpec, OptionSpec, Rule
 
 __all__ = [
     "LowBitAdamState",
@@ -76,12 +76,6 @@ __all__ = [
 
 QUANTIZE_MIN_SIZE = 4096
 """torchao quantizes a tensor's state only from this many elements on."""
-
-FLAT_BUFFERS = jax.__version_info__[:2] >= (0, 10)
-"""Whether the compiled step lays parameters end to end (`_blocks`). With the XLA of jax
-0.4.35, a fused step (the gradient computed in the same program) over a flat buffer
-computed a parameter 1e-4 away from the eager step's after 3 steps, where each parameter
-alone gives the eager numbers bit for bit; there every parameter keeps its own buffer."""
 
 
 class LowBitAdamState(NamedTuple):
@@ -334,7 +328,7 @@ def _step(
 
 
 def _blocks(form: str) -> Any:
-    """`Rule.blocks` of a form: a quantized moment is blocks of ``block_size`` elements,
+    """`Execution.blocks` of a form: a quantized moment is blocks of ``block_size`` elements,
     each scaled on its own, so quantized parameters can be laid end to end (and told
     so: a flat buffer's total size is not what decides, `QUANTIZE_MIN_SIZE`); a
     full-precision moment is elementwise. A bfloat16 parameter keeps its own random
@@ -344,7 +338,7 @@ def _blocks(form: str) -> Any:
     def blocks(value: Any, flags: Any, state: Any) -> tuple[int, dict] | None:
         size, block = int(value.size), int(flags["block_size"])
         own_key = jnp.dtype(value.dtype) == jnp.bfloat16
-        if not FLAT_BUFFERS or own_key or (state is not None and state.rng is not None):
+        if own_key or (state is not None and state.rng is not None):
             return None
         # a made state says it, as `_update` reads it (a scale or none)
         quantized = is_quantized(size, block) if state is None else state.exp_avg_scale is not None
@@ -367,17 +361,27 @@ def _rule(name: str, form: str, adamw: bool) -> Rule:
     return Rule(
         name=name,
         state=LowBitAdamState,
-        validate=_validate_options,
-        split=_split,
+        options=OptionSpec(
+            validate=_validate_options,
+            split=_split,
+            complements=("beta1", "beta2"),
+        ),
         init=init,
         update=update,
-        complements=("beta1", "beta2"),
-        hidden={"rng": 0.0},
+        fields=FieldSpec(
+            hidden={"rng": 0.0},
+        ),
         supports_complex=False,
-        elementwise=False,
-        batched=form != "fp8",  # fp8: XLA divides a batched scale by 448 an ulp otherwise
-        blocks=_blocks(form),
         storage_dtype=True,
+        execution=Execution(
+            elementwise=False,
+            batched=form != "fp8",  # fp8: XLA divides a batched scale by 448 an ulp otherwise
+            blocks=_blocks(form),
+            # with jax 0.4.35's XLA, a fused step (the gradient computed in the same
+            # program) over a flat buffer computed a parameter 1e-4 away from the eager
+            # step's after 3 steps, where each parameter alone gives its numbers
+            fusion_sensitive=True,
+        ),
     )
 
 

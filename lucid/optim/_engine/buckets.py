@@ -20,8 +20,10 @@ import numpy as np
 
 from ..._arrays import device_domain
 from ..._parameter import Parameter
+from ..._platform import flat_blocks
 from ..._storage import OwnArrays
-from ...functional._rule import Rule, is_sparse
+from ...functional._apply import is_sparse
+from ...functional.rule import Rule
 from .flat_store import Borrowed, FlatStore, dense
 from .pieces import free
 from .sharding import Axes, RowShard, placement, sharded_state
@@ -40,7 +42,7 @@ class Bucket:
         with ``shard_state_over``: the replicated sharding and the axes its state is
         cut over along each array's first axis (`lucid.optim._engine.sharding.RowShard`);
         else None.
-      flags: for a rule over blocks (`Rule.blocks`), the static options that differ
+      flags: for a rule over blocks (`Execution.blocks`), the static options that differ
         from the group's for this bucket, as sorted ``(name, value)`` pairs.
     """
 
@@ -99,13 +101,13 @@ def _key(rule: Rule, entry: Entry, flags: Mapping[str, Any] | None, sharded: boo
         )
     where = placement(entry.value)
     blocks: Any = (1, ())
-    if not rule.elementwise:
+    if not rule.execution.elementwise:
         # a rule over blocks of a flattened parameter may lay parameters of one
         # device (or replicated, with whole state) end to end, each of whole blocks
         found = None
         whole = where[0] is not None and where[1] == 1 and not sharded
-        if rule.blocks is not None and flags is not None and whole:
-            found = rule.blocks(entry.value, flags, state)
+        if flat_blocks(rule.execution) and flags is not None and whole:
+            found = rule.execution.blocks(entry.value, flags, state)  # type: ignore[misc]
         # alone: a rule that reduces over each parameter (its state fields have
         # shapes of their own)
         blocks = (1, ()) if found is None else (found[0], tuple(sorted(found[1].items())))

@@ -31,9 +31,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from ..._parameter import Parameter
+from ..._platform import flat_blocks
 from ..._storage import OwnArrays, check_grad
-from ...functional._rule import Present, Rule, check_sparse_grad, is_sparse
+from ...functional._apply import check_sparse_grad, is_sparse
 from ...functional._sparse import stored_entries
+from ...functional.rule import Present, Rule
 from . import buckets as layout
 from .buckets import Bucket
 from .flat_store import Borrowed, FlatStore
@@ -285,7 +287,7 @@ class CompiledBackend:
         (``gradients``) a bucket's parameters stopped having gradients together."""
         params = self._params
         # a rule over blocks lays parameters out by their groups' static options
-        flags = None if self.rule.blocks is None else [g.hyper.flags for g in groups]
+        flags = None if not flat_blocks(self.rule.execution) else [g.hyper.flags for g in groups]
         # lists compared element by element, by identity, in C: no copies per step
         if len(groups) != len(params) or any(g.params != held for g, held in zip(groups, params)):
             self._lay_out(_params_of(g.params for g in groups), self.states(), flags)
@@ -352,7 +354,7 @@ class CompiledBackend:
         sparse numbers are not its dense ones, as a `Present` gradient: the buffer and
         the mask of the stored entries (ones over the dense gradients)."""
         store = bucket.store
-        if self.rule.masked_update is None:
+        if self.rule.sparse is None or self.rule.sparse.masked_update is None:
             return store.grads
         sparse = self._sparse_grads(bucket)
         if not sparse:
@@ -370,7 +372,7 @@ class CompiledBackend:
             group = groups[bucket.group]
             start = packed_hyper(self.rule, group.start) if bucket.state is None else {}
             store = bucket.store
-            creates = bucket.state is None or self.rule.start_optional is not None
+            creates = bucket.state is None or self.rule.fields.start_optional is not None
             template = store.state_template() if creates else store.values
             flags = {**group.hyper.flags, **dict(bucket.flags)}
             state = begin(self.rule, flags, start, bucket.state, template)

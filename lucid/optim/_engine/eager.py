@@ -67,15 +67,16 @@ import numpy as np
 
 from ..._arrays import device_domain
 from ..._parameter import Parameter, grads_of, located_in, set_values, values_of
+from ..._platform import FLAT_EXACT
 from ..._storage import check_grad
-from ...functional._rule import (
-    Rule,
+from ...functional._apply import (
     apply_leaf,
     apply_leaves,
     check_sparse_grad,
     compute_dtype,
     is_sparse,
 )
+from ...functional.rule import Rule
 from .interface import Group
 from .layout import join_views, views_of
 from .pieces import FlatLayout, PieceStore, flat_piece, free, held_piece, joiner
@@ -93,11 +94,10 @@ CHUNK = 128
 # thread when its cost analysis counts fewer than 1000 floating-point operations
 SEGMENT = 512
 INLINE_FLOPS = 1000
-# laid end to end, a rule's numbers are the per-parameter program's bit for bit with the
-# XLA of jax 0.10 (tests/test_eager_plan.py checks every elementwise family); older
-# XLA:CPU compiles the flat update differently in the last bit (jax 0.4.35: Adam,
-# Adadelta, RAdam, NAdam), so there every parameter keeps its own program
-FLAT = jax.__version_info__[:2] >= (0, 10)
+# laid end to end, a rule's numbers are the per-parameter program's bit for bit only
+# where `lucid._platform.FLAT_EXACT` says so (tests/test_eager_plan.py checks every
+# elementwise family); elsewhere every parameter keeps its own program
+FLAT = FLAT_EXACT
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -225,7 +225,7 @@ def _flat_kind(rule: Rule, state: Any, value: Any) -> tuple | None:
     against the per-parameter program's, and a step is not host-bound the same
     way), a field that is neither the value's shape nor 0-d, a weakly typed or
     host array."""
-    if not rule.elementwise or not isinstance(value, jax.Array):
+    if not rule.execution.elementwise or not isinstance(value, jax.Array):
         return None
     devices = value.sharding.device_set
     if len(devices) != 1 or next(iter(devices)).platform != "cpu":
@@ -239,7 +239,7 @@ def _flat_kind(rule: Rule, state: Any, value: Any) -> tuple | None:
             return None
         if len(field.sharding.device_set) != 1:
             return None
-        if name in rule.scalar_state and field.shape == ():
+        if name in rule.fields.scalar and field.shape == ():
             # every member must hold the same 0-d value: read once, at planning
             kind.append((field.dtype, np.asarray(field).tobytes()))
         elif field.shape == value.shape:
@@ -281,7 +281,7 @@ def _update_flops(
         None
         if f is None
         else jax.ShapeDtypeStruct(
-            () if name in rule.scalar_state and np.shape(f) == () else (_PROXY,), f.dtype
+            () if name in rule.fields.scalar and np.shape(f) == () else (_PROXY,), f.dtype
         )
         for name, f in zip(state._fields, state)
     ]
@@ -680,7 +680,7 @@ class EagerBackend:
             ):
                 layout = FlatLayout(
                     tuple(tuple(p.shape) for p in batch.params),
-                    tuple(name in rule.scalar_state for name in fields),
+                    tuple(name in rule.fields.scalar for name in fields),
                     tuple(range(len(batch.params))) if inline else _starts(batch.params),
                 )
                 batch.layout = layout

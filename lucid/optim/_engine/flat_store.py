@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._storage import OwnArrays, check_grad
-from ...functional._rule import compute_dtype
+from ...functional._apply import compute_dtype
 from ...functional._sparse import dense
 from .layout import Layout, join_views, views_of
 from .programs import PROGRAMS_KEPT

@@ -23,7 +23,7 @@ class Layout(NamedTuple):
     then ``(rows, columns)``, row ``r`` holding every parameter's ``r``-th block,
     so each device keeps exactly its own shards. 1 for everything else.
     ``align``: every size is a multiple of it (a rule over blocks of ``align``
-    elements, `lucid.functional._rule.Rule.blocks`: each parameter's blocks
+    elements, `lucid.functional.rule.Execution.blocks`: each parameter's blocks
     are whole, and a state field of one entry per ``k`` elements, such as a
     per-block scale or two 4-bit codes a byte, lies in a buffer of its own
     layout, `per`).

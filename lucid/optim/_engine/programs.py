@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ...functional._rule import Rule, apply_leaf, apply_leaves
+from ...functional._apply import apply_leaf, apply_leaves
+from ...functional.rule import Rule
 from .sharding import RowShard
 
 PROGRAMS_KEPT = 64  # distinct structures whose programs stay compiled
@@ -107,7 +108,7 @@ class Placed:
 def jit_placed(rule: Rule, fn: Callable, at: int, **jit_options: Any) -> Callable:
     """`Placed` for a ``batched`` rule (whose batching reads the placements); for any
     other rule ``jax.jit(fn)``, with no placements read at each call."""
-    if rule.batched:
+    if rule.execution.batched:
         return Placed(fn, at, **jit_options)
     return jax.jit(fn, **jit_options)
 

@@ -2,7 +2,7 @@
 
 A parameter's optimizer state is its rule's state NamedTuple (``AdamState``...),
 whose fields are torch's state names plus, for a few rules, fields torch does
-not show (`Rule.hidden`). torch's rules for its life, written once here:
+not show (`FieldSpec.hidden`). torch's rules for its life, written once here:
 
 * it is created at the first step in which the parameter has a gradient, from
   its group's hyper-parameters *at that moment* (`begin`);
@@ -23,14 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._arrays import to_array
-from ...functional._rule import (
-    Rule,
+from ...functional._apply import (
     check_complex,
     compute_dtype,
     hyper_values,
     init_leaf,
     resume_leaf,
 )
+from ...functional.rule import Rule
 
 Array = jax.Array
 
@@ -61,7 +61,7 @@ def export(rule: Rule, state: Any) -> dict[str, Any]:
     return {
         name: value
         for name, value in zip(state._fields, state)
-        if value is not None and name not in rule.hidden
+        if value is not None and name not in rule.fields.hidden
     }
 
 
@@ -79,7 +79,7 @@ def load_entry(
     if not saved:
         return None
     fields = rule.state._fields
-    shown = [f for f in fields if f not in rule.hidden]
+    shown = [f for f in fields if f not in rule.fields.hidden]
     unknown = set(saved) - set(shown)
     if unknown:
         raise ValueError(
@@ -95,13 +95,13 @@ def load_entry(
         for name, value in zip(probe._fields, probe)
         # an optional field may be missing, as torch loads it: a state made while its
         # option was off raises torch's KeyError at the next step (resume_leaf)
-        if value is not None and name not in rule.hidden and name not in rule.optional
+        if value is not None and name not in rule.fields.hidden and name not in rule.fields.optional
     }
     missing = required - set(saved)
     if missing:
         raise ValueError(f"state of parameter {key!r} is missing {sorted(missing)}")
     values: dict[str, Any] = {name: None for name in fields}
-    for name, default in rule.hidden.items():
+    for name, default in rule.fields.hidden.items():
         values[name] = jnp.asarray(default, np.float32)
     for name, value in saved.items():
         array = _host_or_global(to_array(value))
@@ -109,7 +109,7 @@ def load_entry(
             jnp.issubdtype(array.dtype, jnp.inexact) or jnp.issubdtype(array.dtype, jnp.integer)
         ):
             raise ValueError(f"state {name!r} of parameter {key!r} has dtype {array.dtype}")
-        if name in rule.scalar_state:
+        if name in rule.fields.scalar:
             if array.shape != ():
                 raise ValueError(f"state {name!r} of parameter {key!r} must be a scalar")
             target = np.float32 if name == "step" else compute_dtype(dtype)

@@ -1,192 +1,34 @@
-"""The one contract every optimizer rule follows, and how a rule becomes a transform.
-
-A *rule* is torch.optim's update for a single parameter, written once as
-elementwise math: ``update(param, grad, state, hyper, **flags) -> (param, state)``.
-Everything above it -- the optax transform over a pytree, the stateful
-``lucid.optim`` shell, the compiled and fused steps -- calls the same rule:
-
-* ``hyper`` holds the float hyper-parameters as 0-d arrays in the *compute
-  dtype* (float64 for float64 parameters, float32 otherwise), already resolved
-  for this step, with ``one_minus_<name>`` for every name in
-  ``Rule.complements`` (``1 - beta`` computed in double precision on the
-  host whenever the value is a Python number, as torch does);
-* ``flags`` are static options (``amsgrad``, ``maximize``, ...): a change of
-  flag is a change of program;
-* ``param``, ``grad`` and the array fields of ``state`` arrive upcast to the
-  compute dtype and leave cast back to their storage dtype, so bfloat16
-  parameters are updated in float32 arithmetic and stored in bfloat16, like
-  torch's opmath.
+"""How a rule runs: one parameter (`apply_leaf`), many (`apply_leaves`), a pytree
+(`transform`), under the dtype policy and torch's checks the contract
+(`lucid.functional.rule`) states. Every form of the step goes through here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from .. import _platform
 from .._arrays import is_array, is_sparse, is_torch_tensor, torch_to_numpy
 from . import _validate
+from .rule import Array, HyperValue, Options, Present, Rule, Schedule
 
-Array = jax.Array
-Schedule = Callable[[Array], Array]
-HyperValue = Any  # float | Array | Schedule
-Options = Mapping[str, Any]
+__all__ = [
+    "Array",
+    "HyperValue",
+    "Options",
+    "Present",
+    "Rule",
+    "Schedule",
+]
+
 State = Any  # a NamedTuple of arrays (one leaf) or of pytrees (a transform)
-
-
-class Present(NamedTuple):
-    """A sparse gradient laid out dense: its values (zero where it stores no entry) and
-    the mask of the entries it stores (``present``), which `apply_leaf` hands to the
-    rule's ``masked_update``. The compiled step passes one for a flat buffer holding
-    a sparse gradient (a mask of ones over its parameters' dense gradients)."""
-
-    grad: Array
-    present: Array
-
-
-@dataclasses.dataclass(frozen=True, eq=False)  # compared and hashed by identity
-class Rule:
-    """One torch.optim update rule and the declarations around it.
-
-    Attributes:
-      name: torch's class name (``"Adam"``).
-      state: the NamedTuple type of the state; its fields are torch's state
-        names. A field that an option switches off (``max_exp_avg_sq`` without
-        ``amsgrad``) holds ``None``.
-      validate: raises torch's ``ValueError`` for invalid options.
-      split: maps torch's keyword options to ``(hyper, flags)``: the float
-        hyper-parameters (runtime values) and the static options.
-      init: ``init(param, hyper, **flags) -> state`` for one parameter.
-      update: ``update(param, grad, state, hyper, **flags) -> (param, state)``.
-      complements: hyper-parameters whose ``1 - x`` the rule uses.
-      scalar_state: state fields that are 0-d per parameter (``step``, ``eta``).
-      optional: state fields that exist only while a flag is on, mapped to that
-        flag (``{"max_exp_avg_sq": "amsgrad"}``). torch creates them with the
-        rest of the state; turning the flag on once the state exists raises
-        torch's ``KeyError`` unless ``start_optional`` starts the field, and
-        turning it off keeps the field untouched.
-      start_optional: ``start_optional(state, param, flags) -> state`` starts an
-        optional field whose flag came on after the state was made, where torch
-        does (SGD's momentum buffer begins from the raw gradient); ``None``
-        where torch raises instead.
-      supports_complex: whether torch runs this rule on complex parameters (on
-        their real view, ``(..., 2)``: real and imaginary parts are two reals).
-      hidden: state fields lucid keeps that torch's state_dict does not show,
-        mapped to the value each takes when a state is loaded from a checkpoint
-        (SGD's ``step``, which only tells a new momentum buffer from a started one).
-      sparse_update: the update for a ``jax.experimental.sparse`` gradient, for the
-        rules torch gives sparse gradients (SGD, Adagrad, SparseAdam; LBFGS, which
-        torch densifies); ``None``: a sparse gradient is torch's ``RuntimeError``.
-      sparse_options: raises torch's ``RuntimeError`` for options a sparse gradient
-        cannot be combined with (``weight_decay`` for SGD and Adagrad).
-      masked_update: ``masked_update(param, grad, present, state, hyper, **flags)``,
-        the sparse update for a sparse gradient given dense, with the mask of its
-        stored entries (a `Present` gradient: the compiled step lays gradients out
-        flat), for the rules whose sparse numbers are not the dense ones: where a
-        sparse gradient stores no entry nothing changes, where it stores a zero
-        the rule runs (Adagrad's ``0/0`` with ``eps=0``, SparseAdam's decay of its
-        moments). ``None``: the dense update gives the sparse numbers (SGD).
-      elementwise: the update is elementwise math, so it may run on several
-        parameters laid end to end in one flat buffer (the compiled step does
-        this). ``False`` for rules that reduce over a parameter or treat it as a
-        matrix (Adafactor's row and column statistics, Muon's Newton-Schulz
-        iteration): each parameter is then updated as itself, and its state
-        fields may have shapes of their own.
-      batched: (for a rule that is not elementwise) same-shaped parameters may be
-        updated in one batched call: `apply_leaves` stacks the parameters of one
-        class (shape, dtype, dense gradient, state structure, flags) along a new
-        leading axis and runs the update once under ``jax.vmap``, so Muon's
-        Newton-Schulz products over a model's matrices become one batched matrix
-        product per shape. Declare it only for an update whose numbers do not
-        change under ``jax.vmap`` (the per-parameter update is the oracle of the
-        batched one in the tests).
-      batched_unless: backends (`jax.default_backend()` names) on which ``batched``
-        is off: bitsandbytes' 8-bit rules run one fused kernel per parameter on a
-        GPU, into which a stacked class would only be copied.
-      blocks: for a rule that is not elementwise but treats a parameter's flattened
-        value as independent blocks (bitsandbytes' and torchao's block-wise state),
-        so that parameters may still share a flat buffer: ``blocks(value, flags,
-        state) -> (block, flags_override)`` for a parameter whose array is
-        ``value`` (its size and dtype are read; ``state`` is its state, or ``None``
-        before its first step), its size a multiple of ``block``: parameters of one
-        block and override are laid end to end and updated as one array under the
-        group's flags updated by ``flags_override``, each state field kept with one
-        entry per ``k`` elements (1 for a field shaped as the parameter; a per-block
-        scale, ``block``; two 4-bit codes a byte, 2). Returns ``None`` for a
-        parameter that must be updated alone (a reduction over it: LAMB's trust
-        ratio; a partial last block, which a neighbour would fill; a per-parameter
-        random key).
-      check_at_step: checks torch makes at a step rather than at construction
-        (Muon's ``ns_steps``), run before every step moves anything.
-      guarded: options (torch's names, ``eps[0]`` for an element of a pair) the rule
-        keeps at its dtype's smallest normal number when they are nonzero and subnormal
-        (``_math.guard``: a divisor's guard such as ``eps``), so that XLA's flush to zero
-        does not turn torch's ``0 / eps`` into ``0 / 0``; every other nonzero option
-        below float32's smallest normal warns when the options are checked.
-      storage_dtype: ``update`` also receives ``storage_dtype=`` (the dtype the
-        parameter is stored in, before the upcast to the compute dtype), for a
-        rule whose math depends on it (Adafactor's default ``eps1`` is that
-        dtype's machine epsilon).
-    """
-
-    name: str
-    state: type
-    validate: Callable[[Options], None]
-    split: Callable[[Options], tuple[dict[str, HyperValue], dict[str, Any]]]
-    init: Callable[..., Any]
-    update: Callable[..., tuple[Array, Any]]
-    complements: tuple[str, ...] = ()
-    scalar_state: tuple[str, ...] = ("step",)
-    sparse_update: Callable[..., tuple[Array, Any]] | None = None
-    optional: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    start_optional: Callable[..., Any] | None = None
-    hidden: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    supports_complex: bool = True
-    sparse_options: Callable[[Options], None] | None = None
-    masked_update: Callable[..., tuple[Array, Any]] | None = None
-
-    elementwise: bool = True
-    batched: bool = False
-    batched_unless: tuple[str, ...] = ()
-    blocks: Callable[[Array, Mapping[str, Any], Any], tuple[int, dict] | None] | None = None
-    storage_dtype: bool = False
-    check_at_step: Callable[[Options], None] | None = None
-    guarded: tuple[str, ...] = ()
-
-    def check(self, options: Options, *, schedules: bool = False, warn: bool = True) -> None:
-        """Every check of a group's options, before anything uses them: torch's value
-        checks (``validate``), then every float hyper-parameter a real scalar.
-
-        ``schedules``: whether a hyper-parameter may be a schedule (the functional
-        transforms: yes; ``lucid.optim``'s groups, read as host numbers: no).
-        ``warn``: warn about values XLA flushes to zero (``_validate.flushed``): when a
-        transform or optimizer is made, a group added or loaded; not at every step.
-
-        Raises:
-          ValueError: torch's conditions (``Invalid learning rate: -1.0``,
-            ``Tensor lr must be 1-element``).
-          TypeError: a hyper-parameter that is not a real number or one-element array.
-
-        Warns:
-          UserWarning: (with ``warn``) a nonzero option below float32's smallest normal
-            number, which XLA flushes to zero, naming the option and its value.
-        """
-        self.validate(options)
-        _validate.hypers(self.split(options)[0], schedules=schedules)
-        if warn:
-            _validate.flushed(options, self.name, self.guarded)
-
-    def check_step(self, options: Options) -> None:
-        """``check``, and the checks torch makes only when stepping."""
-        self.check(options, warn=False)
-        if self.check_at_step is not None:
-            self.check_at_step(options)
 
 
 def is_number(value: Any) -> bool:
@@ -209,11 +51,11 @@ def check_sparse_grad(rule: Rule, options: Options, grad: Any, shape: tuple[int,
         ``index 5 is out of bounds for dimension 0 with size 3``); out-of-bounds
         entries holding zero are jax's padding and are dropped.
     """
-    if rule.sparse_update is None:
+    if rule.sparse is None:
         hint = ", please consider SparseAdam instead" if rule.name in ("Adam", "AdamW") else ""
         raise RuntimeError(f"{rule.name} does not support sparse gradients{hint}")
-    if rule.sparse_options is not None:
-        rule.sparse_options(options)
+    if rule.sparse.check_options is not None:
+        rule.sparse.check_options(options)
     check_sparse_indices(grad, shape)
 
 
@@ -322,7 +164,7 @@ def pack(rule: Rule, hyper: Mapping[str, Any]) -> dict[str, Any]:
     array it is computed in the graph.
     """
     packed = dict(hyper)
-    for name in rule.complements:
+    for name in rule.options.complements:
         value = hyper[name]
         packed[f"one_minus_{name}"] = 1.0 - float(value) if is_number(value) else 1 - value
     return packed
@@ -345,10 +187,10 @@ def _restore_dtypes(new_state: Any, old_state: Any, param_dtype: Any) -> Any:
 
 
 def _masked(rule: Rule, present: Array) -> Callable[..., tuple[Array, Any]]:
-    """``rule.masked_update`` over the entries ``present``, called as ``rule.update``."""
+    """``rule.sparse.masked_update`` over the entries ``present``, called as ``rule.update``."""
 
     def update(param: Array, grad: Array, state: Any, hyper: Any, **flags: Any) -> Any:
-        return rule.masked_update(param, grad, present, state, hyper, **flags)  # type: ignore[misc]
+        return rule.sparse.masked_update(param, grad, present, state, hyper, **flags)  # type: ignore[union-attr,misc]
 
     return update
 
@@ -365,8 +207,8 @@ def apply_leaf(
 
     Handles the dtype policy: inputs upcast to the compute dtype, outputs cast
     back to the dtypes they are stored in. A sparse ``grad`` goes, uncast, to
-    ``rule.sparse_update`` when the rule has one; a `Present` one (a sparse gradient
-    laid out dense) to ``rule.masked_update``.
+    ``rule.sparse.update`` when the rule has one; a `Present` one (a sparse gradient
+    laid out dense) to ``rule.sparse.masked_update``.
     """
     if is_complex(param):  # torch: the real rule on view_as_real of everything
         real_state = type(state)(*(_as_real(v) if _is_complex_field(v) else v for v in state))
@@ -386,8 +228,8 @@ def apply_leaf(
     state_c = jax.tree_util.tree_map(
         lambda x: x.astype(cdtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state
     )
-    if rule.sparse_update is not None and is_sparse(grad):
-        update, grad_c = rule.sparse_update, grad
+    if rule.sparse is not None and is_sparse(grad):
+        update, grad_c = rule.sparse.update, grad
     elif isinstance(grad, Present):
         update, grad_c = _masked(rule, grad.present), grad.grad.astype(cdtype)
     else:
@@ -405,19 +247,19 @@ def apply_leaves(
     params: Sequence[Array],
     grads: Sequence[Any],
     states: Sequence[Any],
-    places: Sequence[Any] | None = None,
+    apart: Sequence[Any] | None = None,
 ) -> tuple[list[Array], list[Any]]:
     """`apply_leaf` over many parameters, the same-shaped ones in one batched call.
 
     Every form of the step (the functional transform, the eager and the compiled
-    step) updates its parameters through this function. For a rule that declares
-    ``batched``, the parameters fall into classes of equal value shape and dtype,
-    gradient shape and dtype (a dense gradient), state structure (the same fields
-    present, each of the same shape and dtype), static flags and hyper-parameter
-    names, and placement (the sharding of a concrete value, or ``places``); each
-    class of two or more is stacked along a new leading axis and
-    updated by one call of `apply_leaf` under ``jax.vmap``, then cut back into its
-    parameters. A hyper-parameter that is the same for the whole class (the same
+    step) updates its parameters through this function. For a rule that batches
+    here (`lucid._platform.batches`: `Execution.batched`), the parameters fall into
+    classes of equal value shape and dtype, gradient shape and dtype (a dense
+    gradient), state structure (the same fields present, each of the same shape and
+    dtype), static flags and hyper-parameter names, and key apart (the sharding of a
+    concrete value, or ``apart``); each class of two or more is stacked along a new
+    leading axis and updated by one call of `apply_leaf` under ``jax.vmap``, then cut
+    back into its parameters. A hyper-parameter that is the same for the whole class (the same
     object, or equal Python numbers) stays a scalar; one that differs between its
     members (another group's ``lr``, a schedule evaluated per parameter) is
     stacked and batched with them, so parameters of several groups share a call.
@@ -431,17 +273,17 @@ def apply_leaves(
       params: the parameters' values.
       grads: their gradients (dense or sparse).
       states: their states (the rule's NamedTuple each).
-      places: each value's placement, for values traced inside a jitted function
-        (where their shardings cannot be read): values placed differently are not
-        stacked, so each output keeps its input's sharding. ``None``: read from
-        the values that are concrete arrays.
+      apart: a hashable key per value; values of different keys are never stacked
+        together (a caller that traces values inside a jitted function, where their
+        shardings cannot be read, passes their placements, so each output keeps its
+        input's). ``None``: the sharding of each value that is a concrete array.
 
     Returns:
       ``(new_params, new_states)``, in the order of ``params``.
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from lucid.functional._rule import apply_leaves, pack
+      >>> from lucid.functional._apply import apply_leaves, pack
       >>> from lucid.functional.muon import MUON
       >>> options = {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.9, "nesterov": True,
       ...            "ns_coefficients": (3.4445, -4.775, 2.0315), "eps": 1e-7,
@@ -457,13 +299,13 @@ def apply_leaves(
     n = len(params)
     results: list[Any] = [None] * n
     classes: dict[Any, list[int]] = {}
-    batched = rule.batched and jax.default_backend() not in rule.batched_unless
+    batched = _platform.batches(rule.execution)
     for i in range(n):
         key = None
         if batched:
             key = _batch_key(flags[i], hypers[i], params[i], grads[i], states[i])
         if key is not None:
-            key = (*key, _placement(params[i]) if places is None else places[i])
+            key = (*key, _placement(params[i]) if apart is None else apart[i])
         classes.setdefault(("alone", i) if key is None else key, []).append(i)
     for members in classes.values():
         if len(members) == 1:
@@ -598,9 +440,9 @@ def resume_leaf(rule: Rule, flags: Mapping[str, Any], state: Any, param: Array) 
     Raises:
       KeyError: torch's error, naming the missing entry, where torch raises.
     """
-    if rule.start_optional is not None:
-        state = rule.start_optional(state, param, flags)
-    for field, flag in rule.optional.items():
+    if rule.fields.start_optional is not None:
+        state = rule.fields.start_optional(state, param, flags)
+    for field, flag in rule.fields.optional.items():
         if flags[flag] and getattr(state, field) is None:
             raise KeyError(
                 f"{field!r}: this parameter's {rule.name} state was created while "
@@ -694,8 +536,8 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
     included).
     """
     rule.check(options, schedules=True)
-    if rule.check_at_step is not None:  # a transform has no later moment to refuse at
-        rule.check_at_step(options)
+    if rule.options.check_at_step is not None:  # a transform has no later moment to refuse at
+        rule.options.check_at_step(options)
     hyper, flags = rule.split(options)
     hyper = {name: as_hyper(value) for name, value in hyper.items()}
 
@@ -714,9 +556,9 @@ def transform(rule: Rule, options: Options) -> optax.GradientTransformation:
 
     def update_fn(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
         sparse = jax.tree_util.tree_leaves(grads, is_leaf=is_sparse)
-        if rule.sparse_update is None and any(map(is_sparse, sparse)):
+        if rule.sparse is None and any(map(is_sparse, sparse)):
             check_sparse_grad(rule, options, None, ())
-        check_same_structure(grads, params, rule.name, sparse_leaves=rule.sparse_update is not None)
+        check_same_structure(grads, params, rule.name, sparse_leaves=rule.sparse is not None)
         leaves, treedef = jax.tree_util.tree_flatten(params)
         grad_leaves = treedef.flatten_up_to(grads)
         for g, p in zip(grad_leaves, leaves):

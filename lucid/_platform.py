@@ -1,0 +1,46 @@
+"""What differs by platform and jax version, in one place.
+
+`lucid.functional` states rules as math and hints (`lucid.functional.rule.Execution`);
+which hint holds on this platform and this jax is decided here, for every layer that
+runs steps (the transforms' `lucid.functional._apply` and `lucid.optim`'s engine).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+
+if TYPE_CHECKING:
+    from .functional.rule import Execution
+
+JAX = jax.__version_info__[:2]
+"""The jax this process runs, ``(major, minor)``."""
+
+FLAT_EXACT = JAX >= (0, 10)
+"""Whether XLA compiles an update over parameters laid end to end to the per-parameter
+numbers bit for bit. With jax 0.4.35's XLA a few rules differ in the last bit there
+(Adam, Adadelta, RAdam, NAdam in the eager step's flat calls; a fused torchao step over a
+flat buffer drifted 1e-4 from the eager one in 3 steps), so the engine keeps parameters
+apart on it (and `Execution.fusion_sensitive` rules' blocks everywhere but here)."""
+
+KERNEL_PLATFORMS = frozenset({"gpu"})
+"""The platforms (``jax.default_backend()`` names) where a rule's own fused kernels run
+(`Execution.own_kernel`: bitsandbytes' 8-bit step as one Pallas kernel per tensor)."""
+
+
+def has_kernels() -> bool:
+    """Whether this process's default platform runs rules' own fused kernels."""
+    return jax.default_backend() in KERNEL_PLATFORMS
+
+
+def batches(execution: Execution) -> bool:
+    """Whether a rule with these hints updates same-shaped parameters in one batched call
+    here: ``batched``, unless its own per-tensor kernel runs on this platform (a stacked
+    batch would only be copied into it)."""
+    return execution.batched and not (execution.own_kernel and has_kernels())
+
+
+def flat_blocks(execution: Execution) -> bool:
+    """Whether a rule's ``blocks`` may lay parameters end to end here."""
+    return execution.blocks is not None and (FLAT_EXACT or not execution.fusion_sensitive)
