@@ -51,12 +51,6 @@ FOREIGN_PRIVATE = {
     "_step_count",
     "_initial_step",
 }
-# private names still in a docstring that a change under way owns (lucid.functional.Rule's,
-# in lucid/functional/_rule.py): each entry names where, so it goes when the text does
-KNOWN = {
-    "_math.guard": "lucid.functional.Rule's docstring",
-    "_validate.flushed": "lucid.functional.Rule's docstring",
-}
 DATA_URI = re.compile(r"""(["'(])data:[^"')]*""")
 INLINE_BLOCK = re.compile(r"<(script|style)\b[^>]*>.*?</\1>", re.S | re.I)
 
@@ -147,7 +141,7 @@ def problems(html: str) -> list[str]:
         else:
             names = [code] if DOTTED.match(code) else []
         for name in names:
-            if where == "text" and (name in FOREIGN_PRIVATE or name in KNOWN):
+            if where == "text" and name in FOREIGN_PRIVATE:
                 continue
             if (
                 name

@@ -100,7 +100,7 @@ class OptionSpec:
       complements: hyper-parameters whose ``1 - x`` the rule uses (``one_minus_<name>``).
       guarded: options (torch's names, ``eps[0]`` for an element of a pair) the rule
         keeps at its dtype's smallest normal number when they are nonzero and subnormal
-        (``_math.guard``: a divisor's guard such as ``eps``), so that XLA's flush to zero
+        (a divisor's guard such as ``eps``), so that XLA's flush to zero
         does not turn torch's ``0 / eps`` into ``0 / 0``; every other nonzero option
         below float32's smallest normal warns when the options are checked.
       check_at_step: checks torch makes at a step rather than at construction (Muon's
@@ -182,7 +182,7 @@ class Execution:
         update whose numbers do not change under ``jax.vmap``.
       own_kernel: on an accelerator the update runs a fused kernel of its own per
         parameter (bitsandbytes' 8-bit step), into which a stacked batch would only be
-        copied: ``batched`` then holds on the host only (`lucid._platform.batches`).
+        copied: ``batched`` then holds only where no such kernel runs.
       blocks: for a rule that is not elementwise but treats a parameter's flattened value
         as independent blocks (bitsandbytes' and torchao's block-wise state), so that
         parameters may still share a flat buffer: ``blocks(value, flags, state) -> (block,
@@ -196,8 +196,8 @@ class Execution:
         trust ratio; a partial last block, which a neighbour would fill; a per-parameter
         random key).
       fusion_sensitive: laid out by ``blocks``, the update's numbers equal the
-        per-parameter ones only on an XLA that keeps its fusions apart
-        (`lucid._platform.FLAT_EXACT`); elsewhere each parameter keeps its own buffer.
+        per-parameter ones only on an XLA that keeps its fusions apart (that of
+        jax 0.10 or later); elsewhere each parameter keeps its own buffer.
     """
 
     elementwise: bool = True
