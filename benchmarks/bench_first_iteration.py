@@ -174,17 +174,21 @@ import torch
 sys.path.insert(0, ".")
 from benchmarks import gpt_model as G
 torch.set_num_threads(int(sys.argv[1]))
-cfg = G.CONFIGS[sys.argv[2]]
+cfg, device = G.CONFIGS[sys.argv[2]], sys.argv[3]
 weights = G.init_weights(cfg)
 host_batches = G.make_batches(cfg, 2)
 t_setup = time.perf_counter()
-model = G.make_torch_model(cfg, weights, "cpu")
+model = G.make_torch_model(cfg, weights, device)
 decay = [p for p in model.parameters() if p.dim() >= 2]
 rest = [p for p in model.parameters() if p.dim() < 2]
 groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), foreach=True)
+cuda = device.startswith("cuda")
+kind = {"fused": True} if cuda else {"foreach": True}
+opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), **kind)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: G.lr_factor(s, 10, 100))
-batches = [torch.from_numpy(b).long() for b in host_batches]
+batches = [torch.from_numpy(b).long().to(device) for b in host_batches]
+if cuda:
+    torch.cuda.synchronize()
 setup = time.perf_counter() - t_setup
 times = []
 for tokens in batches:
@@ -196,6 +200,8 @@ for tokens in batches:
     opt.step()
     sched.step()
     loss.item()
+    if cuda:
+        torch.cuda.synchronize()
     times.append(time.perf_counter() - start)
 print(json.dumps({"setup": setup, "first": times[0], "second": times[1], "loss": float(loss),
                   "compiles": []}))
@@ -203,7 +209,15 @@ print(json.dumps({"setup": setup, "first": times[0], "second": times[1], "loss":
 
 
 def _run(code: str, *args: str) -> dict:
+    result = _run_quiet(code, *args)
+    got = ", ".join(f"{k} {result[k]:.2f} s" for k in ("setup", "first", "second"))
+    print(f"  {' '.join(args[:2])}: {got}", file=sys.stderr, flush=True)
+    return result
+
+
+def _run_quiet(code: str, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([".", os.environ.get("PYTHONPATH", "")]))
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     done = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=False
     )
@@ -243,12 +257,13 @@ def _compile_table(runs: dict[tuple[str, str], list[dict]], forms: list[str]) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="gpt27m", help="small, gpt27m or default")
+    parser.add_argument("--config", default="gpt27m", help="small, gpt27m, issue or default")
     parser.add_argument("--forms", default="optax,eager,compiled,fused")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-cache", action="store_true", help="cold runs only")
     parser.add_argument("--compiles", action="store_true", help="log and tabulate compilations")
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--torch-device", default="cpu", help="cpu or cuda")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from benchmarks.gpt_model import CONFIGS, parameter_count
@@ -257,7 +272,8 @@ def main() -> None:
     log = "1" if args.compiles else "0"
     runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for _ in range(args.repeats):
-        runs[("torch", "-")].append(_run(_TORCH, str(args.torch_threads), args.config))
+        torch_args = (str(args.torch_threads), args.config, args.torch_device)
+        runs[("torch", "-")].append(_run(_TORCH, *torch_args))
         for form in forms:
             runs[(form, "cold")].append(_run(_JAX, form, "-", args.config, log))
             if args.no_cache:
@@ -270,7 +286,7 @@ def main() -> None:
     print(
         f"{parameter_count(cfg) / 1e6:.1f}M parameters; device "
         f"{runs[(forms[0], 'cold')][0]['device']}; medians of {args.repeats} run(s); "
-        f"torch threads {args.torch_threads}"
+        f"torch on {args.torch_device}, {args.torch_threads} thread(s)"
     )
     ref_torch = _median(runs[("torch", "-")], "first")
     ref_optax = {c: _median(rows, "first") for (f, c), rows in runs.items() if f == "optax"}

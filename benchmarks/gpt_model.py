@@ -43,7 +43,9 @@ SMALL = Config(n_layer=2, d_model=64, n_head=4, vocab=256, context=32, batch=4)
 # with a short context and a small batch, so a shared 2-core CPU runs an iteration in seconds
 # (compilation depends on the shapes' structure, not on how long the kernels run)
 GPT27M = Config(n_layer=8, d_model=512, n_head=8, vocab=4096, context=64, batch=4)
-CONFIGS = {"small": SMALL, "gpt27m": GPT27M, "default": Config()}
+# the issue's model as it measured it (batch 16, context 256): for a GPU
+ISSUE = Config(vocab=4096)
+CONFIGS = {"small": SMALL, "gpt27m": GPT27M, "issue": ISSUE, "default": Config()}
 
 
 def parameter_count(cfg: Config) -> int:
