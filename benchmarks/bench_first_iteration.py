@@ -112,6 +112,7 @@ if form == "optax":
     box = [params, state]
 
     def iteration(tokens):
+        phase[0] = "train_step"
         box[0], box[1], loss = train_step(box[0], box[1], tokens)
         return loss
 
