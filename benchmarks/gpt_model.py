@@ -39,6 +39,18 @@ class Config:
 
 
 SMALL = Config(n_layer=2, d_model=64, n_head=4, vocab=256, context=32, batch=4)
+# the issue's first-iteration model (8 layers, width 512, vocabulary 4096: 27.3M parameters)
+# with a short context and a small batch, so a shared 2-core CPU runs an iteration in seconds
+# (compilation depends on the shapes' structure, not on how long the kernels run)
+GPT27M = Config(n_layer=8, d_model=512, n_head=8, vocab=4096, context=64, batch=4)
+# the issue's model as it measured it (batch 16, context 256): for a GPU
+ISSUE = Config(vocab=4096)
+CONFIGS = {"small": SMALL, "gpt27m": GPT27M, "issue": ISSUE, "default": Config()}
+
+
+def parameter_count(cfg: Config) -> int:
+    """How many parameters the model has (the tied head counted once)."""
+    return sum(int(np.prod(w.shape)) for w in init_weights(cfg).values())
 
 
 def parameter_names(cfg: Config) -> list[str]:

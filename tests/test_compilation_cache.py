@@ -47,3 +47,32 @@ def test_a_second_process_reuses_the_first_ones_compilations(tmp_path):
     warm = _run(cache)
     assert warm["hits"] > 0
     assert warm["loss"] == cold["loss"] and warm["w"] == cold["w"]  # the same programs
+
+
+def test_without_a_path_the_cache_is_lucid_jax_in_the_users_cache_directory(tmp_path):
+    """No path: ``$XDG_CACHE_HOME/lucid/jax`` (made), and JAX's cache directory is set
+    to it (in a child process: the setting is process-wide)."""
+    script = textwrap.dedent(
+        """
+        import json, jax, lucid
+        before = jax.config.jax_compilation_cache_dir
+        import lucid.optim  # importing lucid turns nothing on
+        assert jax.config.jax_compilation_cache_dir == before, before
+        path = lucid.enable_compilation_cache()
+        print(json.dumps({"path": str(path), "before": before,
+                          "config": jax.config.jax_compilation_cache_dir,
+                          "min": jax.config.jax_persistent_cache_min_compile_time_secs}))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env |= {"PYTHONPATH": os.pathsep.join(sys.path), "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = tmp_path / "lucid" / "jax"
+    assert out["before"] is None  # not on by default
+    assert out["path"] == out["config"] == str(expected.resolve())
+    assert expected.is_dir()
+    assert out["min"] == 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import chex
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import torch
 from oracle import count_compiles, loss_jax, loss_torch, problem
@@ -123,3 +124,46 @@ def test_lucid_clip_grad_norm_transform_is_torchs_formula_not_optaxs():
     updates, _ = lucid.functional.clip_grad_norm(13.0).update(grads, None)
     np.testing.assert_allclose(np.asarray(updates["w"]), tw.grad.numpy(), rtol=1e-7)
     assert float(updates["w"][0]) < 3.0  # optax's clip_by_global_norm would leave 3.0
+
+
+def test_a_stateless_grad_transform_begins_from_shapes_and_a_stateful_one_from_values(
+    monkeypatch,
+):
+    """clip_grad_norm's state holds no array: the fused step begins it from the shapes, so
+    its first call cuts no parameter out of the flat buffers (each cut is a compilation per
+    distinct shape, at start-up); optax.trace's state is begun from the values, and both
+    steps are backward, the transform and step one after another."""
+    from lucid.optim._engine import flat_store
+
+    cuts: list[tuple] = []
+    real = flat_store._read
+    monkeypatch.setattr(flat_store, "_read", lambda *a: cuts.append(a[2:]) or real(*a))
+
+    def loss(params):
+        return sum((p**3).sum() * (i + 1) for i, p in enumerate(params))
+
+    for transform, by_hand, reads in [
+        (lucid.functional.clip_grad_norm(0.5), None, False),
+        (optax.trace(decay=0.5), 0.5, True),
+    ]:
+        params = [lucid.Parameter(jnp.asarray(v)) for v in problem().values()]
+        ref_params = [lucid.Parameter(jnp.asarray(v)) for v in problem().values()]
+        fused = lucid.fused_step(loss, lucid.optim.Adam(params, lr=0.1), transform)
+        ref = lucid.optim.Adam(ref_params, lr=0.1)
+        cuts.clear()
+        fused(params)
+        assert bool(cuts) == reads
+        fused(params)
+        traces = [jnp.zeros_like(p.data) for p in ref_params]
+        for _ in range(2):
+            ref.zero_grad()
+            lucid.backward(loss, ref_params)
+            if by_hand is None:
+                lucid.nn.utils.clip_grad_norm_(ref_params, 0.5)
+            else:
+                traces = [p.grad + by_hand * t for p, t in zip(ref_params, traces)]
+                for p, t in zip(ref_params, traces):
+                    p.grad = t
+            ref.step()
+        for ours, theirs in zip(params, ref_params):
+            chex.assert_trees_all_close(ours.data, theirs.data, rtol=1e-12)

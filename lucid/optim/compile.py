@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -649,8 +649,25 @@ class FusedStep:
         """(Re)make the transform's state for the optimizer's current parameters."""
         if self.grad_transform is None or tuple(params) == self._transform_params:
             return
-        self.transform_state = self.grad_transform.init([p.data for p in params])
+        self.transform_state = _initial_state(self.grad_transform, params)
         self._transform_params = tuple(params)
+
+
+def _initial_state(transform: Any, params: Sequence[Parameter]) -> Any:
+    """``transform.init`` of the parameters' values. A transform whose state holds no
+    array (clipping, scaling: ``optax.EmptyState``) gets it from the shapes alone
+    (``jax.eval_shape``), without reading the values: in a compiled optimizer's flat
+    buffers each read is a cut of its own, one small compilation per distinct shape
+    on the first call. Any other transform (or one whose ``init`` cannot be traced)
+    gets ``init`` of the values, as before."""
+    shapes = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in params]
+    try:
+        abstract = jax.eval_shape(transform.init, shapes)
+    except Exception:  # init then runs on the values and raises its own error
+        abstract = None
+    if abstract is not None and not jax.tree_util.tree_leaves(abstract):
+        return abstract
+    return transform.init([p.data for p in params])
 
 
 @dataclasses.dataclass(frozen=True)
