@@ -430,9 +430,9 @@ def draw_probes(
     """
     step_key = jax.random.fold_in(key, jnp.asarray(step, jnp.float32).astype(jnp.uint32))
     probe_key, balance_key = jax.random.split(step_key)
-    return jax.random.normal(probe_key, shape, dtype), jax.random.uniform(
-        balance_key, (), jnp.float32
-    )
+    zero, one = jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)  # no float64 bounds
+    u = jax.random.uniform(balance_key, (), jnp.float32, zero, one)
+    return jax.random.normal(probe_key, shape, dtype), u
 
 
 # ------------------------------------------------------------------ options
