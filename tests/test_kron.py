@@ -427,7 +427,16 @@ def test_the_reference_runs_cross_both_branches_and_balance():
     assert every.updated_at() == list(range(STEPS))
 
 
-@pytest.mark.parametrize("index", range(len(CASES)), ids=[_case_id(c) for c in CASES])
+def _fast_at(indices: Any, fast: Any, ids: list[str]) -> list:
+    """``indices`` as parameters, the one equal to ``fast`` in the README's fast subset."""
+    marks = {fast: pytest.mark.fast}
+    return [
+        pytest.param(i, id=name, marks=[marks[i]] if i in marks else [])
+        for i, name in zip(indices, ids)
+    ]
+
+
+@pytest.mark.parametrize("index", _fast_at(range(len(CASES)), 1, [_case_id(c) for c in CASES]))
 def test_transform_float64_matches_kron_torch(index):
     expected, _, recorded = reference(index, "float64")
     init = {k: jnp.asarray(v) for k, v in _problem().items()}
@@ -447,7 +456,13 @@ FORMS = [
 ]
 
 
-@pytest.mark.parametrize("index, form", FORMS, ids=[f"{_case_id(CASES[i])}-{f}" for i, f in FORMS])
+@pytest.mark.parametrize(
+    "index, form",
+    [
+        pytest.param(i, f, id=f"{_case_id(CASES[i])}-{f}", marks=[pytest.mark.fast] * (k == 1))
+        for k, (i, f) in enumerate(FORMS)
+    ],
+)
 def test_optimizer_float64_matches_kron_torch_in_every_form(index, form):
     expected, topt, recorded = reference(index, "float64")
     init = {k: jnp.asarray(v) for k, v in _problem().items()}

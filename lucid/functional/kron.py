@@ -3,8 +3,8 @@ fitted by preconditioned stochastic gradient descent (Xi-Lin Li's PSGD).
 
 A parameter's gradient ``g`` is first laid out as a tensor ``G`` of at most two axes
 (``merge_dims``: a tensor of three or more axes becomes the matrix
-``[prod(shape[:-1]), shape[-1]]`` or ``[shape[0], prod(shape[1:])]``, whichever is closer
-to square, as kron-torch chooses). Each axis ``i`` of size ``n_i`` has a factor ``Q_i``:
+``[prod(shape[:-1]), shape[-1]]``, or ``[shape[0], prod(shape[1:])]`` where that one is
+the taller, as kron-torch chooses). Each axis ``i`` of size ``n_i`` has a factor ``Q_i``:
 an upper-triangular ``n_i x n_i`` matrix, or a diagonal one (a vector) when ``n_i = 1``,
 ``n_i > max_size_triangular``, the parameter has fewer than ``min_ndim_triangular`` axes,
 or ``memory_save_mode`` says so. Write ``X \\times_i M`` for the product of a matrix with
@@ -140,7 +140,8 @@ class KronState(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class ProbSchedule:
     """kron-torch's ``precond_update_prob_schedule``: an exponential anneal with a flat start,
-    ``clamp(max_prob * exp(-decay * (n - flat_start)), min_prob, max_prob)`` in float32.
+    ``clamp(max_prob * exp(-decay * (n - flat_start)), min_prob, max_prob)`` in float32
+    (the four numbers kept as their float32 values, as kron-torch's tensors hold them).
 
     Attributes:
       max_prob: the probability during the flat start.
@@ -153,6 +154,12 @@ class ProbSchedule:
     min_prob: float = 0.03
     decay: float = 0.001
     flat_start: float = 500
+
+    def __post_init__(self) -> None:
+        # kron-torch keeps the four as float32 tensors: so does this, as Python floats
+        for field in dataclasses.fields(self):
+            value = float(np.float32(getattr(self, field.name)))
+            object.__setattr__(self, field.name, value)
 
     def __call__(self, n: Any) -> jax.Array:
         """The probability at step ``n`` (steps taken before this one), float32."""
@@ -233,8 +240,9 @@ def _as_dtype(value: Any, option: str) -> np.dtype | None:
 
 def merged_shape(shape: Sequence[int], merge_dims: bool = True) -> tuple[int, ...]:
     """The shape kron-torch preconditions a parameter of ``shape`` in: with ``merge_dims``,
-    a tensor of three or more axes as the matrix ``[prod(shape[:-1]), shape[-1]]`` or
-    ``[shape[0], prod(shape[1:])]``, the first unless the second is closer to square.
+    a tensor of three or more axes as the matrix ``[prod(shape[:-1]), shape[-1]]``, or
+    ``[shape[0], prod(shape[1:])]`` where that one's ``columns - rows`` is smaller (the
+    taller of the two; kron-torch compares ``np.diff`` of the two, the first wins a tie).
 
     Args:
       shape: the parameter's shape.
@@ -246,7 +254,7 @@ def merged_shape(shape: Sequence[int], merge_dims: bool = True) -> tuple[int, ..
     Examples:
       >>> from lucid.functional.kron import merged_shape
       >>> merged_shape((2, 3, 4)), merged_shape((64, 3, 3)), merged_shape((2, 3, 4), False)
-      ((6, 4), (64, 9), (2, 3, 4))
+      ((6, 4), (192, 3), (2, 3, 4))
     """
     shape = tuple(int(s) for s in shape)
     if len(shape) <= 2 or not merge_dims:
@@ -870,7 +878,8 @@ KRON_SIGNATURE = Signature(
             "merge_dims",
             True,
             bool,
-            "precondition a tensor of three or more axes as the matrix closest to square.",
+            "precondition a tensor of three or more axes as a matrix: `[prod(shape[:-1]), "
+            "shape[-1]]` or `[shape[0], prod(shape[1:])]`, kron-torch's choice.",
         ),
         Arg(
             "mu_dtype",
