@@ -32,9 +32,10 @@ Bounds:
   most 0.3 from ``Q = I``). So each step's update differs by at most
   ``eps_step = kappa * gamma = 2e-4`` of its size, and after ``T`` steps
   ``|p_lucid - p_torch|_2 <= T * 1.1 * lr * sqrt(n) * eps_step`` (the gradients' own
-  difference feeds back at ``lr`` times the loss's curvature, below 1 here). Measured: 30
-  to 1000 times inside it; a float32 rule computing the preconditioner in bfloat16, or
-  skipping a cast kron-torch makes, exceeds it.
+  difference feeds back at ``lr`` times the loss's curvature, below 1 here). Measured
+  (the defaults and the no-momentum-into-update case): at most 1/800 of the bound; the same
+  runs with lucid's preconditioner in bfloat16 instead of kron-torch's float32 are 8 to 34
+  times over it.
 """
 
 from __future__ import annotations
