@@ -261,6 +261,7 @@ def test_your_own_optimizer_loads_any_state_dict_as_torchs_does():
 
 PACKAGES = {"bitsandbytes": "bitsandbytes.optim", "torchao": "torchao.optim"}
 PACKAGES["schedulefree"] = "schedulefree"
+PACKAGES["kron-torch"] = "kron_torch"
 
 
 def _package_step(opt: torch.optim.Optimizer, p: torch.nn.Parameter) -> None:
@@ -286,7 +287,7 @@ def _steps(opt: torch.optim.Optimizer, p: torch.nn.Parameter, state_dict: dict) 
 
 @pytest.mark.parametrize("reference", sorted(PACKAGES))
 def test_the_packages_own_state_dicts_load_and_another_is_refused_where_they_fail(reference):
-    """Every class of bitsandbytes, torchao and schedulefree: the package's own
+    """Every class of bitsandbytes, torchao, schedulefree and kron-torch: the package's own
     state_dict holds the options lucid requires and loads. torch's Adam's state_dict,
     where the package's class loads it and fails, is refused at the load (torchao keeps
     a small parameter's moments in full precision, as torch's Adam does: it takes them);

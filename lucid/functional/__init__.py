@@ -15,6 +15,7 @@ from .adam import AdamState, adam, adamw
 from .adamax import AdamaxState, adamax
 from .asgd import ASGDState, asgd
 from .clipping import clip_grad_norm
+from .kron import KronState, kron
 from .lbfgs import LBFGSState, lbfgs
 from .muon import MuonState, muon
 from .nadam import NAdamState, nadam
@@ -32,6 +33,7 @@ __all__ = [
     "AdagradState",
     "AdamState",
     "AdamaxState",
+    "KronState",
     "LBFGSState",
     "MuonState",
     "NAdamState",
@@ -51,6 +53,7 @@ __all__ = [
     "averaging",
     "bnb",
     "clip_grad_norm",
+    "kron",
     "lbfgs",
     "muon",
     "nadam",

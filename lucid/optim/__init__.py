@@ -9,7 +9,7 @@ state with orbax; [lucid.optim.functional][] holds torch's functional
 optimizers over lists of arrays.
 """
 
-from . import bnb, functional, lr_scheduler, schedulefree, swa_utils, torchao
+from . import bnb, functional, kron, lr_scheduler, schedulefree, swa_utils, torchao
 from ._by_name import StateLayout, from_torch, to_torch_by_name
 from ._torch_format import to_torch
 from .adadelta import Adadelta
@@ -25,6 +25,7 @@ from .compile import (
     compile_optimizer,
     fused_step,
 )
+from .kron import Kron
 from .lbfgs import LBFGS
 from .lr_scheduler import (
     ChainedScheduler,
@@ -73,6 +74,7 @@ __all__ = [
     "CyclicLR",
     "ExponentialLR",
     "FusedStep",
+    "Kron",
     "LRScheduler",
     "LambdaLR",
     "LinearLR",
@@ -97,6 +99,7 @@ __all__ = [
     "from_torch",
     "functional",
     "fused_step",
+    "kron",
     "lr_scheduler",
     "schedulefree",
     "swa_utils",

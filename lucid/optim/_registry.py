@@ -24,7 +24,8 @@ Adding an optimizer touches these places (a torch.optim one; the other families 
 Every optimizer class that runs a `lucid.functional` rule is declared with
 ``@torch_optimizer(SIGNATURE, reference=...)`` (`lucid.optim._declare`), which
 records it here with its rule, its signature and the package whose numbers it
-gives (``"torch.optim"``, ``"bitsandbytes"``, ``"torchao"``, ``"schedulefree"``).
+gives (``"torch.optim"``, ``"bitsandbytes"``, ``"torchao"``, ``"schedulefree"``,
+``"kron-torch"``).
 Everything that needs "every optimizer" reads this list instead of keeping its
 own: `compile_optimizer` (which classes it runs), the tests (which classes they
 cover) and the docs' tables.
@@ -38,7 +39,7 @@ from typing import Any
 from ..functional._signature import Signature, factory_of
 from ..functional.rule import Rule
 
-REFERENCES = ("torch.optim", "bitsandbytes", "torchao", "schedulefree")
+REFERENCES = ("torch.optim", "bitsandbytes", "torchao", "schedulefree", "kron-torch")
 
 
 @dataclasses.dataclass(frozen=True)
