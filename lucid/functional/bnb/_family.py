@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from .. import _validate
 from .._lowbit import blockwise, chunks
 from .._lowbit import bnb as codec
+from .._lowbit import pallas as kernel_ops
 from .._math import one_minus_pow
 from .._rule import Rule, as_hyper, is_number
 from .._signature import Arg
@@ -175,7 +176,7 @@ def _update(kernel: Kernel) -> Callable[..., tuple[Array, BnbState]]:
             branches["cpu"] = functools.partial(
                 chunks.in_chunks, step8, block_size=codec.BLOCK_SIZE, lead=lead
             )
-        if _pallas.supported(kernel, p) and jax.default_backend() == "gpu":
+        if _pallas.supported(kernel, p) and kernel_ops.on_gpu():
             # on a GPU, one fused kernel per tensor (only offered there: jax 0.4 lowers
             # every branch, and Pallas' Triton kernel does not lower for another backend)
             branches["cuda"] = functools.partial(_fused, kernel, h, t, flags)
