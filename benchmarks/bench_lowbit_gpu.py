@@ -12,8 +12,9 @@ Rows (each the optimizer step alone, gradients set once, float32 parameters):
 Each row gives ms per step synchronised (median of ``--repeats`` steps, the device
 waited for after each) and pipelined (``--repeats`` steps back to back, one wait at the
 end, as a training loop runs), and each lucid row its speed-up over lucid's float32
-AdamW (its time over the row's, each way). The references run first and give their
-memory back before jax takes its own.
+AdamW (its time over the row's, each way). lucid's rows run first, jax taking GPU memory
+as it needs it (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set), and the references
+after them, in what is left.
 
     python benchmarks/bench_lowbit_gpu.py --sets gpt2_small,gpt2_xl
     python benchmarks/bench_lowbit_gpu.py --sets gpt2_xl --references-on gpt2_xl
@@ -143,34 +144,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    reference_sets = set(args.references_on.split(","))
-    report: dict[str, Any] = {"sets": {}}
-    results: dict[str, dict] = {}
-    if not args.no_references:
-        import torch
-
-        report["torch"] = torch.__version__
-        report["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-        for set_name in args.sets:
-            if set_name not in reference_sets:
-                continue
-            shape_list = shapes.SETS[set_name]()
-            rows = results.setdefault(set_name, {})
-            for name in REFERENCES:
-                try:
-                    rows[name] = reference_row(name, shape_list, args)
-                except Exception as error:  # a reference missing or failing: say so
-                    rows[name] = {"error": f"{type(error).__name__}: {error}"[:200]}
-                print(f"[{set_name}] {name}: {rows[name]}", flush=True)
+    # jax takes memory as it needs it (not 75% of the GPU at once), so that torch has the
+    # rest for the references, which run after lucid's rows
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
 
     from lucid.functional._lowbit import pallas as kernel_ops
 
-    report |= {
+    report: dict[str, Any] = {
         "jax": jax.__version__,
         "device": str(jax.devices()[0].device_kind),
         "fused_kernels": kernel_ops.triton_backend(),
+        "sets": {},
     }
+    print(json.dumps(report), flush=True)
+    results: dict[str, dict] = {}
     names = [n.strip() for n in args.lucid.split(",") if n.strip()]
     if "lucid AdamW (float32)" not in names:
         names.insert(0, "lucid AdamW (float32)")
@@ -184,7 +172,22 @@ def main() -> None:
                 rows[name] = {"error": f"{type(error).__name__}: {error}"[:300]}
             gc.collect()
             print(f"[{set_name}] {name}: {rows[name]}", flush=True)
-    print(f"\n{json.dumps({k: v for k, v in report.items() if k != 'sets'})}")
+    jax.clear_caches()
+    if not args.no_references:
+        import torch
+
+        report["torch"] = torch.__version__
+        for set_name in args.sets:
+            if set_name not in args.references_on.split(","):
+                continue
+            shape_list = shapes.SETS[set_name]()
+            rows = results[set_name]
+            for name in REFERENCES:
+                try:
+                    rows[name] = reference_row(name, shape_list, args)
+                except Exception as error:  # a reference missing or failing: say so
+                    rows[name] = {"error": f"{type(error).__name__}: {error}"[:200]}
+                print(f"[{set_name}] {name}: {rows[name]}", flush=True)
     for set_name in args.sets:
         rows = results[set_name]
         base = rows["lucid AdamW (float32)"]
