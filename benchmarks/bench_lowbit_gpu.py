@@ -12,12 +12,13 @@ Rows (each the optimizer step alone, gradients set once, float32 parameters):
 Each row gives ms per step synchronised (median of ``--repeats`` steps, the device
 waited for after each) and pipelined (``--repeats`` steps back to back, one wait at the
 end, as a training loop runs), and each lucid row its speed-up over lucid's float32
-AdamW (its time over the row's, each way). lucid's rows run first, jax taking GPU memory
-as it needs it (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set), and the references
-after them, in what is left.
+AdamW (its time over the row's, each way). The references run first and give their memory
+back (``torch.cuda.empty_cache``) before jax takes its own share of the GPU (with both
+in one process, jax's pool, which does not shrink, left torch too little for GPT-2 XL's
+float32 AdamW on an 80 GB H100).
 
     python benchmarks/bench_lowbit_gpu.py --sets gpt2_small,gpt2_xl
-    python benchmarks/bench_lowbit_gpu.py --sets gpt2_xl --references-on gpt2_xl
+    python benchmarks/bench_lowbit_gpu.py --sets gpt2_xl --references ''   # lucid's only
 
 On jax 0.11 and later, lucid runs its fused kernels on Pallas' deprecated Triton backend
 only when ``LUCID_PALLAS_TRITON=1`` is set (`lucid.functional._lowbit.pallas`); the
@@ -139,32 +140,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     shapes.add_sets_argument(parser, default="gpt2_small,gpt2_xl")
     parser.add_argument("--references-on", default="gpt2_xl", help="sets to run them on")
-    parser.add_argument("--no-references", action="store_true")
+    parser.add_argument("--references", default=",".join(REFERENCES), help="which (or none)")
     parser.add_argument("--lucid", default=",".join(LUCID), help="lucid rows to run")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    # jax takes memory as it needs it (not 75% of the GPU at once), so that torch has the
-    # rest for the references, which run after lucid's rows
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    import jax
+    report: dict[str, Any] = {"sets": {}}
+    results: dict[str, dict] = {s: {} for s in args.sets}
+    references = [n.strip() for n in args.references.split(",") if n.strip()]
+    on = [s for s in args.sets if s in args.references_on.split(",")]
+    if references and on:
+        import torch
+
+        report["torch"] = torch.__version__
+        for set_name in on:
+            shape_list = shapes.SETS[set_name]()
+            for name in references:
+                try:
+                    row = reference_row(name, shape_list, args)
+                except Exception as error:  # a reference missing or failing: say so
+                    row = {"error": f"{type(error).__name__}: {error}"[:200]}
+                results[set_name][name] = row
+                print(f"[{set_name}] {name}: {row}", flush=True)
+    import jax  # (after torch has given its memory back: jax takes its share now)
 
     from lucid.functional._lowbit import pallas as kernel_ops
 
-    report: dict[str, Any] = {
+    report |= {
         "jax": jax.__version__,
         "device": str(jax.devices()[0].device_kind),
         "fused_kernels": kernel_ops.triton_backend(),
-        "sets": {},
     }
     print(json.dumps(report), flush=True)
-    results: dict[str, dict] = {}
     names = [n.strip() for n in args.lucid.split(",") if n.strip()]
     if "lucid AdamW (float32)" not in names:
         names.insert(0, "lucid AdamW (float32)")
     for set_name in args.sets:
         shape_list = shapes.SETS[set_name]()
-        rows = results.setdefault(set_name, {})
+        rows = results[set_name]
         for name in names:
             try:
                 rows[name] = lucid_row(name, shape_list, args)
@@ -172,22 +185,6 @@ def main() -> None:
                 rows[name] = {"error": f"{type(error).__name__}: {error}"[:300]}
             gc.collect()
             print(f"[{set_name}] {name}: {rows[name]}", flush=True)
-    jax.clear_caches()
-    if not args.no_references:
-        import torch
-
-        report["torch"] = torch.__version__
-        for set_name in args.sets:
-            if set_name not in args.references_on.split(","):
-                continue
-            shape_list = shapes.SETS[set_name]()
-            rows = results[set_name]
-            for name in REFERENCES:
-                try:
-                    rows[name] = reference_row(name, shape_list, args)
-                except Exception as error:  # a reference missing or failing: say so
-                    rows[name] = {"error": f"{type(error).__name__}: {error}"[:200]}
-                print(f"[{set_name}] {name}: {rows[name]}", flush=True)
     for set_name in args.sets:
         rows = results[set_name]
         base = rows["lucid AdamW (float32)"]

@@ -79,14 +79,18 @@ def block_scale(x: Array, form: str, block_size: int) -> Array:
     return scale_of(blockwise.absmax(blocks), form)
 
 
-def scale_of(absmax: Array, form: str) -> Array:
-    """A block's float32 scale from its largest magnitude (`block_scale`)."""
+def scale_of(absmax: Array, form: str, fp8_max: Array | None = None) -> Array:
+    """A block's float32 scale from its largest magnitude (`block_scale`); ``fp8_max``:
+    `floats.FP8_MAX` as a value computed at run time (a kernel's operand), by default
+    an array XLA cannot fold."""
     scale = jnp.maximum(absmax, jnp.float32(SCALE_FLOOR))
     if form == "fp8":
         # a division by a materialized array: XLA would turn ``scale / 448`` into
         # ``scale * (1/448)``, an ulp off torch's quotient for many scales
-        divisor = jnp.full(scale.shape, floats.FP8_MAX, jnp.float32)
-        scale = scale / jax.lax.optimization_barrier(divisor)
+        if fp8_max is None:
+            divisor = jnp.full(scale.shape, floats.FP8_MAX, jnp.float32)
+            fp8_max = jax.lax.optimization_barrier(divisor)
+        scale = scale / fp8_max
     return scale
 
 

@@ -11,7 +11,8 @@ The arithmetic is the rule's own (`adam.decayed`, `adam.moments`, `adam.adam_upd
 and the quantization `lucid.functional._lowbit.torchao`'s (`scale_of`, `scaled_values`)
 and `nearest`'s (the same bucket table and threshold counts), traced inside the kernel;
 its float32 division, square root, max and min are the correctly rounded, NaN-keeping
-ones on the GPU (`lucid.functional._lowbit.pallas.exact`). The two programs differ only
+ones on the GPU (the fp8 scale's divisor 448 is an operand: a kernel holds no constant
+arrays) (`lucid.functional._lowbit.pallas.exact`). The two programs differ only
 in where their compilers contract a multiply and an add (a last-bit difference now and
 then, which may move a value on a rounding boundary to the neighbouring code). The bias
 corrections are computed outside the kernel and enter it as scalars.
@@ -148,8 +149,10 @@ def fused_step(
     fp8_codes = form == "fp8"
     bc1, bc2 = rule["corrections"](h, step)
     names, scalars = kernel_ops.scalar_vector(
-        {**h, "bias_correction1": bc1, "bias_correction2": bc2}
+        {**h, "bias_correction1": bc1, "bias_correction2": bc2, "fp8_max": floats.FP8_MAX}
     )
+    # (opaque to XLA: Pallas' interpreter would fold ``scale / 448`` into a product)
+    scalars = jax.lax.optimization_barrier(scalars)
     m_tables, v_tables = _tables(form, True), _tables(form, False)
     halves = form == "4bit"
     width = block_size // 2 if halves else block_size
@@ -168,7 +171,7 @@ def fused_step(
 
         def quantized(pieces):
             absmax = functools.reduce(jnp.maximum, [blockwise.absmax(x) for x in pieces])
-            scale = codec.scale_of(absmax, form)
+            scale = codec.scale_of(absmax, form, hyper["fp8_max"])
             return scale, [codec.scaled_values(x, scale) for x in pieces]
 
         return new_p, quantized(ms), quantized(vs)
