@@ -279,9 +279,8 @@ def rule(
         complements=complements,
         supports_complex=False,
         elementwise=False,
-        # same-shaped parameters that stay alone (a partial last block: GPT-2's 4800-element
-        # biases) share one batched call on a GPU too; whole-block ones lie in flat buffers
         batched=True,
+        batched_unless=("gpu",),
         blocks=_blocks(kernel),
         check_at_step=check_bits if bits is None else None,
     )
