@@ -7,6 +7,8 @@ runs steps (the transforms' `lucid.functional._apply` and `lucid.optim`'s engine
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import TYPE_CHECKING
 
 import jax
@@ -26,12 +28,41 @@ apart on it (and `Execution.fusion_sensitive` rules' blocks everywhere but here)
 
 KERNEL_PLATFORMS = frozenset({"gpu"})
 """The platforms (``jax.default_backend()`` names) where a rule's own fused kernels run
-(`Execution.own_kernel`: bitsandbytes' 8-bit step as one Pallas kernel per tensor)."""
+(`Execution.own_kernel`: bitsandbytes' 8-bit step, torchao's low-bit steps as one Pallas
+kernel per tensor or flat buffer)."""
+
+TRITON_DEPRECATED_FROM = (0, 11)
+"""The first jax whose Pallas Triton backend warns that it is deprecated. The fused
+kernels look codes up in tables (a gather per element), which Mosaic GPU, the backend jax
+keeps, does not lower (jax 0.11)."""
+
+TRITON_OPT_IN = "LUCID_PALLAS_TRITON"
+"""Set to ``1`` to run the fused kernels on a jax whose Triton backend is deprecated (it
+then warns once per compilation, as jax does for every user of that backend)."""
+
+
+@functools.cache
+def triton_backend() -> bool:
+    """Whether the fused kernels may run: the installed jax has Pallas' Triton backend, and
+    either does not deprecate it (jax < 0.11) or `TRITON_OPT_IN` is set.
+
+    Examples:
+      >>> isinstance(triton_backend(), bool)
+      True
+    """
+    try:
+        from jax.experimental.pallas import triton  # noqa: F401
+    except ImportError:  # pragma: no cover - a jax without it
+        return False
+    if JAX < TRITON_DEPRECATED_FROM:
+        return True
+    return os.environ.get(TRITON_OPT_IN, "") == "1"
 
 
 def has_kernels() -> bool:
-    """Whether this process's default platform runs rules' own fused kernels."""
-    return jax.default_backend() in KERNEL_PLATFORMS
+    """Whether this process's default platform runs rules' own fused kernels (elsewhere a
+    rule's update is XLA's graph of the same operations)."""
+    return jax.default_backend() in KERNEL_PLATFORMS and triton_backend()
 
 
 def batches(execution: Execution) -> bool:

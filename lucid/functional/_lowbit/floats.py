@@ -4,6 +4,8 @@ nearest, ties to even, and ``bfloat16`` stochastically (torchao's bf16 parameter
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -49,15 +51,58 @@ def to_fp8_by_bits(x: Array) -> Array:
       >>> to_fp8_by_bits(jnp.array([1.0625, 1.1875, 300.0])).astype(jnp.float32).tolist()
       [1.0, 1.25, 288.0]
     """
+    return jax.lax.bitcast_convert_type(fp8_bits(x), FP8)
+
+
+def fp8_bits(x: Array, rint: Callable[[Array], Array] = jnp.round) -> Array:
+    """The ``uint8`` bits of `to_fp8_by_bits`' code of ``x``; ``rint`` rounds the
+    non-negative subnormal mantissas (values below 8) to the nearest integer, ties to
+    even (a kernel that has no ``round`` passes `rint_small`)."""
     bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
     sign = (bits >> 24) & jnp.uint32(0x80)
     magnitude = bits & jnp.uint32(0x7FFFFFFF)
     rounded = magnitude + jnp.uint32(0x7FFFF) + ((magnitude >> 20) & jnp.uint32(1))
     normal = (rounded >> 20) - jnp.uint32(120 << 3)
-    small = jnp.round(jnp.abs(x) * jnp.float32(512)).astype(jnp.uint32)
+    small = rint(jnp.abs(x) * jnp.float32(512)).astype(jnp.uint32)
     code = jnp.where(magnitude < jnp.uint32(0x3C800000), small, normal)
     code = jnp.where(jnp.isnan(x), jnp.uint32(0x7F), code) | sign
-    return jax.lax.bitcast_convert_type(code.astype(jnp.uint8), FP8)
+    return code.astype(jnp.uint8)
+
+
+def rint_small(y: Array) -> Array:
+    """``round(y)``, ties to even, for float32 ``0 <= y < 2**22`` by adding and taking
+    away ``2**23`` (each sum rounded to float32 drops the fraction as the rounding mode
+    does); NaN stays NaN.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> rint_small(jnp.array([0.5, 1.5, 2.5, 3.4999998, 7.5])).tolist()
+      [0.0, 2.0, 2.0, 3.0, 8.0]
+    """
+    shift = jnp.float32(2.0**23)
+    return (y + shift) - shift
+
+
+def from_fp8_bits(code: Array) -> Array:
+    """The float32 value of each ``float8_e4m3fn`` code given as its ``uint8`` bits, as
+    the cast of the float8 value: exponent ``e`` and mantissa ``m`` give ``(1 + m/8)
+    2^(e-7)`` (rebiased into float32's bits), ``m 2^-9`` when ``e`` is 0, NaN for
+    ``0x7F`` and ``0xFF``; the sign bit is kept.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from_fp8_bits(jnp.array([0x38, 0x01, 0xC0, 0x7E], jnp.uint8)).tolist()
+      [1.0, 0.001953125, -2.0, 448.0]
+    """
+    code = code.astype(jnp.uint32)
+    sign = (code & jnp.uint32(0x80)) << 24
+    rest = code & jnp.uint32(0x7F)
+    normal = jax.lax.bitcast_convert_type(sign | ((rest + jnp.uint32(120 << 3)) << 20), jnp.float32)
+    small = (rest & jnp.uint32(7)).astype(jnp.float32) * jnp.float32(2.0**-9)
+    small = jnp.where(sign != 0, -small, small)
+    value = jnp.where(rest < jnp.uint32(8), small, normal)
+    nan = jax.lax.bitcast_convert_type(sign | jnp.uint32(0x7FC00000), jnp.float32)
+    return jnp.where(rest == jnp.uint32(0x7F), nan, value)
 
 
 def bf16_stochastic_round(x: Array, key: Array) -> Array:

@@ -177,14 +177,9 @@ def nearest_codes(x: Array, table: np.ndarray, columns: bool = False) -> Array:
     """
     table = np.asarray(table, np.float32)
     if columns and table.size == 16:  # 15 comparisons, vectorized, for a 16-entry map
-        count = sum((x >= cut).astype(jnp.int32) for cut in thresholds(table))
-        return jnp.asarray(count, jnp.int32)
+        return count_thresholds(x, table)
     shift, first, rows = _lookup(table.tobytes())
-    # float32 bounds: a Python float is a float64 operand of jnp.clip's own jit under x64
-    bound = np.float32(_RANGE)
-    clipped = jnp.clip(x.astype(jnp.float32), -bound, bound)
-    ordinal = _ordered(jax.lax.bitcast_convert_type(clipped, jnp.int32))
-    index = (ordinal >> shift) - first
+    index = bucket_index(x, shift, first)
     if columns:
         below, low, high = (
             jnp.take(jnp.asarray(np.ascontiguousarray(rows[:, k])), index, mode="clip")
@@ -193,5 +188,41 @@ def nearest_codes(x: Array, table: np.ndarray, columns: bool = False) -> Array:
     else:
         row = jnp.take(jnp.asarray(rows), index, axis=0, mode="clip")
         below, low, high = row[..., 0], row[..., 1], row[..., 2]
+    return count_in_bucket(x, below, low, high)
+
+
+def bucket_table(table: np.ndarray) -> tuple[int, int, np.ndarray]:
+    """`nearest_codes`' bucket table of a map: ``(shift, first, rows)``, ``rows`` of
+    ``(thresholds below the bucket, its first threshold, its second)`` (``inf`` for
+    none), read by `bucket_index` (clipped to the rows) and `count_in_bucket`.
+
+    Examples:
+      >>> shift, first, rows = bucket_table(np.array([0.0, 0.5, 1.0], np.float32))
+      >>> rows.shape[1], bool(np.isinf(rows[0, 1]))
+      (3, True)
+    """
+    return _lookup(np.asarray(table, np.float32).tobytes())
+
+
+def bucket_index(x: Array, shift: int, first: int) -> Array:
+    """The row of `bucket_table` that holds the thresholds near each float32 value (not
+    yet clipped to the table: a reader clips it)."""
+    # float32 bounds: a Python float is a float64 operand of jnp.clip's own jit under x64
+    bound = np.float32(_RANGE)
+    clipped = jnp.clip(x.astype(jnp.float32), -bound, bound)
+    ordinal = _ordered(jax.lax.bitcast_convert_type(clipped, jnp.int32))
+    return (ordinal >> shift) - first
+
+
+def count_in_bucket(x: Array, below: Array, low: Array, high: Array) -> Array:
+    """The code of each value from its bucket's row: the thresholds below the bucket
+    plus those of the bucket at most ``x`` (code 0 for NaN)."""
     count = below + (x >= low) + (x >= high)
     return jnp.where(jnp.isnan(x), 0, count.astype(jnp.int32))
+
+
+def count_thresholds(x: Array, table: np.ndarray) -> Array:
+    """The code of each value as the number of `thresholds` of ``table`` at most ``x``,
+    one comparison each (NaN passes none: code 0); for a small map."""
+    count = sum((x >= cut).astype(jnp.int32) for cut in thresholds(table))
+    return jnp.asarray(count, jnp.int32)

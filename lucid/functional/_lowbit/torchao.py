@@ -76,12 +76,21 @@ def block_scale(x: Array, form: str, block_size: int) -> Array:
     divided by `floats.FP8_MAX` for fp8 (a row reduction over the ``(blocks,
     block_size)`` view of ``x``, into which XLA fuses what produces ``x``)."""
     blocks = x.astype(jnp.float32).reshape(-1, block_size)
-    scale = jnp.maximum(blockwise.absmax(blocks), jnp.float32(SCALE_FLOOR))
+    return scale_of(blockwise.absmax(blocks), form)
+
+
+def scale_of(absmax: Array, form: str, fp8_max: Array | None = None) -> Array:
+    """A block's float32 scale from its largest magnitude (`block_scale`); ``fp8_max``:
+    `floats.FP8_MAX` as a value computed at run time (a kernel's operand), by default
+    an array XLA cannot fold."""
+    scale = jnp.maximum(absmax, jnp.float32(SCALE_FLOOR))
     if form == "fp8":
         # a division by a materialized array: XLA would turn ``scale / 448`` into
         # ``scale * (1/448)``, an ulp off torch's quotient for many scales
-        divisor = jnp.full(scale.shape, floats.FP8_MAX, jnp.float32)
-        scale = scale / jax.lax.optimization_barrier(divisor)
+        if fp8_max is None:
+            divisor = jnp.full(scale.shape, floats.FP8_MAX, jnp.float32)
+            fp8_max = jax.lax.optimization_barrier(divisor)
+        scale = scale / fp8_max
     return scale
 
 
@@ -93,14 +102,24 @@ def encode(
     the same codes)."""
     blocks = x.astype(jnp.float32).reshape(-1, block_size)
     if form == "fp8":
-        scaled = blocks / scale[:, None]
+        scaled = scaled_values(blocks, scale)
         to_fp8 = floats.to_fp8_by_bits if cpu else floats.to_fp8
         return to_fp8(scaled).reshape(x.shape)
-    scaled = (blocks / scale[:, None]).reshape(-1)
+    scaled = scaled_values(blocks, scale).reshape(-1)
     codes = nearest.nearest_codes(scaled, _table(form, signed), columns=cpu)
     if form == "8bit":
         return codes.astype(jnp.uint8).reshape(x.shape)
     return blockwise.pack_nibbles(codes)
+
+
+def scaled_values(blocks: Array, scale: Array) -> Array:
+    """Values ``(blocks, elements)`` over their block's scale, what the code map codes."""
+    return blocks / scale[:, None]
+
+
+def code_table(form: str, signed: bool) -> np.ndarray:
+    """The code map of an 8- or 4-bit form (`qmap`)."""
+    return _table(form, signed)
 
 
 def dequantize(

@@ -22,8 +22,9 @@ The parameter, codes and absmax are written over their inputs (each tile reads a
 only itself), so the compiled step's donated buffers are updated in place: without that,
 XLA copied each result into its donated buffer, which cost as much as the step.
 
-jax 0.11 warns that Pallas' Triton backend is deprecated in favour of Mosaic GPU; the
-kernel uses only `pallas_call`, block specs, ref indexing and Triton's inline assembly.
+jax 0.11 deprecates Pallas' Triton backend in favour of Mosaic GPU, which lowers no
+gather: the kernel runs where `lucid._platform.triton_backend` says (a jax
+that has the Triton backend and does not deprecate it, or the opt-in), else the XLA graph.
 
 `fused_step8` is what `_family` calls on a GPU (through `jax.lax.platform_dependent`);
 with ``interpret=True`` the same kernel runs on any backend through Pallas' interpreter,
@@ -38,18 +39,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from .._lowbit import blockwise, nearest
 from .._lowbit import bnb as codec
+from .._lowbit import pallas as kernel_ops
 
 Array = jax.Array
-
-try:  # jax >= 0.5 keeps the jaxpr types in jax.extend.core
-    from jax.extend.core import Literal as _LITERAL
-except ImportError:  # pragma: no cover - jax 0.4
-    from jax.core import Literal as _LITERAL
 
 ROWS = 1
 """Blocks of 256 elements one kernel instance updates (a tile of ``ROWS x 256``). One
@@ -77,61 +73,6 @@ def _rows_per_tile(blocks: int) -> int:
     return rows
 
 
-def _exact_ops_gpu() -> dict[Any, Callable[..., Array]]:
-    from jax.experimental.pallas import triton as plt
-
-    def asm(instruction: str, arity: int) -> Callable[..., Array]:
-        operands = ", ".join(f"${i}" for i in range(arity + 1))
-
-        def op(*xs: Array) -> Array:
-            if all(jnp.ndim(x) == 0 for x in xs):
-                # Triton's inline assembly takes tensors: a scalar goes through a pair
-                return jnp.max(op(*(jnp.full((2,), x, jnp.float32) for x in xs)))
-            xs = jnp.broadcast_arrays(*xs)
-            return plt.elementwise_inline_asm(
-                f"{instruction} {operands};",
-                args=list(xs),
-                constraints="=r," + ",".join(["r"] * arity),
-                pack=1,
-                result_shape_dtypes=[jax.ShapeDtypeStruct(xs[0].shape, xs[0].dtype)],
-            )[0]
-
-        return op
-
-    return {lax.div_p: asm("div.rn.f32", 2), lax.sqrt_p: asm("sqrt.rn.f32", 1)}
-
-
-def _eval_with(jaxpr: Any, consts: list, args: list, ops: Mapping[Any, Callable]) -> list:
-    """Evaluate ``jaxpr`` with the float32 primitives in ``ops`` replaced (a jaxpr
-    interpreter, as jax's documentation writes one; nested ``jit`` calls are entered)."""
-    env: dict[Any, Any] = {}
-
-    def read(var: Any) -> Any:
-        return var.val if isinstance(var, _LITERAL) else env[var]
-
-    for var, value in zip(jaxpr.constvars, consts):
-        env[var] = value
-    for var, value in zip(jaxpr.invars, args):
-        env[var] = value
-    for eqn in jaxpr.eqns:
-        values = [read(v) for v in eqn.invars]
-        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-        if eqn.primitive in ops and all(jnp.result_type(v) == jnp.float32 for v in values):
-            outs = [ops[eqn.primitive](*values)]
-        elif inner is not None and hasattr(inner, "jaxpr"):
-            outs = _eval_with(inner.jaxpr, list(inner.consts), values, ops)
-        elif any(isinstance(v, jax.core.Tracer) for v in values):
-            outs = eqn.primitive.bind(*values, **eqn.params)
-            outs = outs if eqn.primitive.multiple_results else [outs]
-        else:  # constants only (a literal's negation): folded here, as tracing folds them
-            with jax.ensure_compile_time_eval():
-                outs = eqn.primitive.bind(*values, **eqn.params)
-            outs = outs if eqn.primitive.multiple_results else [outs]
-        for var, value in zip(eqn.outvars, outs):
-            env[var] = value
-    return [read(v) for v in jaxpr.outvars]
-
-
 def _rule_in_kernel(kernel: Any, flags: Mapping[str, Any], exact: bool) -> Callable:
     """``(p, g, s1, s2, h) -> (p, s1, s2)``: the kernel's `step8` on tiles, with the
     GPU's correctly rounded division and square root when ``exact``."""
@@ -139,16 +80,7 @@ def _rule_in_kernel(kernel: Any, flags: Mapping[str, Any], exact: bool) -> Calla
     def rule(p, g, s1, s2, h):
         return kernel.step8(p, g, s1, s2, h, h["step"], flags)
 
-    if not exact:
-        return rule
-
-    def exact_rule(p, g, s1, s2, h):
-        closed = jax.make_jaxpr(rule)(p, g, s1, s2, h)
-        flat = jax.tree_util.tree_leaves((p, g, s1, s2, h))
-        outs = _eval_with(closed.jaxpr, list(closed.consts), flat, _exact_ops_gpu())
-        return outs[0], outs[1], (outs[2] if s2 is not None else None)
-
-    return exact_rule
+    return kernel_ops.exact(rule, gpu=exact)
 
 
 def fused_step8(
@@ -181,13 +113,7 @@ def fused_step8(
     shape = p.shape
     blocks = p.size // codec.BLOCK_SIZE
     rows = _rows_per_tile(blocks)
-    names = sorted(h)
-    width = max(2, 1 << (len(names) - 1).bit_length())  # Triton blocks are powers of two
-    scalars = (
-        jnp.zeros((width,), jnp.float32)
-        .at[: len(names)]
-        .set(jnp.stack([jnp.asarray(h[k], jnp.float32) for k in names]))
-    )
+    names, scalars = kernel_ops.scalar_vector(h)
     rule = _rule_in_kernel(kernel, flags, exact=not interpret)
 
     def tables(signed: bool) -> list[Array]:
@@ -225,7 +151,7 @@ def fused_step8(
     table_specs = [whole(256), whole(65536)] * (2 if two else 1)
     operands = tables(True) + (tables(False) if two else [])
     operands += [as_rows(p), as_rows(g), as_rows(state.state1), state.absmax1]
-    in_specs = [whole(width), *table_specs, tile, tile, tile, scales]
+    in_specs = [whole(scalars.size), *table_specs, tile, tile, tile, scales]
     out_specs = [tile, tile, scales]
     out_shape = [
         jax.ShapeDtypeStruct((blocks, codec.BLOCK_SIZE), jnp.float32),
@@ -237,13 +163,7 @@ def fused_step8(
         in_specs += [tile, scales]
         out_specs += [tile, scales]
         out_shape += out_shape[1:]
-    params = {}
-    if not interpret:
-        from jax.experimental.pallas import triton as plt
-
-        # jax 0.4 names the class TritonCompilerParams
-        make = getattr(plt, "CompilerParams", None) or plt.TritonCompilerParams
-        params["compiler_params"] = make(num_warps=WARPS, num_stages=1)
+    params = {} if interpret else kernel_ops.compiler_params(WARPS)
     # the parameter, codes and absmax are written where they were read (each tile reads
     # and writes only itself): a donated buffer is updated in place, with no copy
     first = len(operands) - (6 if two else 4)
@@ -268,3 +188,6 @@ def fused_step8(
 
 
 __all__ = ["fused_step8", "supported"]
+
+
+_eval_with = kernel_ops.eval_with  # (the tests call it by this module's name)

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..._platform import has_kernels
 from .. import _validate
 from .._lowbit import chunks
 from .._lowbit.floats import FP8
@@ -62,6 +63,7 @@ from .._signature import (
     weight_decay,
 )
 from ..rule import Execution, FieldSpec, OptionSpec, Rule
+from . import _pallas
 
 __all__ = [
     "LowBitAdamState",
@@ -226,14 +228,43 @@ def _store(
     return encode(value, scale, form, signed, block_size, cpu), scale
 
 
-def lerp(start: Any, end: Any, weight: Any) -> Any:
+def lerp(start: Any, end: Any, weight: Any, select: bool = False) -> Any:
     """torch's ``lerp`` (``start + w (end - start)`` for ``w < 0.5``, else ``end - (end -
     start)(1 - w)``), the branch taken once for the scalar ``weight`` (a select per
-    element would make XLA compute the dequantized ``start`` once per use)."""
+    element would make XLA compute the dequantized ``start`` once per use), or, with
+    ``select`` (inside a kernel, where both are computed in registers), by a select."""
     diff = end - start
+    if select:
+        return jnp.where(weight < 0.5, start + weight * diff, end - diff * (1 - weight))
     return jax.lax.cond(
         weight < 0.5, lambda: start + weight * diff, lambda: end - diff * (1 - weight)
     )
+
+
+def bias_corrections(h: dict, step: Any) -> tuple[Any, Any]:
+    """``1 - beta1**t`` and ``1 - beta2**t`` in float32 (torchao's)."""
+    return 1 - h["beta1"] ** step, 1 - h["beta2"] ** step
+
+
+def decayed(p: Any, g: Any, h: dict, adamw: bool) -> tuple[Any, Any]:
+    """The weight decay: AdamW's on the parameter, Adam's added to the gradient."""
+    if adamw:
+        return p - (h["lr"] * h["weight_decay"]) * p, g
+    return p, g + h["weight_decay"] * p
+
+
+def moments(m_old: Any, v_old: Any, g: Any, h: dict, select: bool = False) -> tuple[Any, Any]:
+    """The new float32 moments from the stored ones: ``lerp`` towards ``g`` and ``g^2``."""
+    m = lerp(m_old, g, h["one_minus_beta1"], select)
+    v = lerp(v_old, g * g, h["one_minus_beta2"], select)
+    return m, v
+
+
+def adam_update(p: Any, m: Any, second: Any, h: dict, corrections: tuple[Any, Any]) -> Any:
+    """The parameter after the step: ``p - lr (m / bc1) / (sqrt(v) / sqrt(bc2) + eps)``."""
+    bias_correction1, bias_correction2 = corrections
+    denom = jnp.sqrt(second) / jnp.sqrt(bias_correction2) + h["eps"]
+    return p - h["lr"] * (m / bias_correction1) / denom
 
 
 def _update(
@@ -267,12 +298,26 @@ def _update(
         _step, h=h, step=step, form=form, adamw=adamw, block_size=block_size
     )
     size = int(np.prod(jnp.shape(param)))
+    branches = {}
     if state.exp_avg_scale is not None and chunks.chunkable(size, block_size):
         # on the CPU, the same graph over chunks of blocks, encoded as the CPU runs fastest
-        cpu = functools.partial(
+        branches["cpu"] = functools.partial(
             chunks.in_chunks, functools.partial(step_of, cpu=True), block_size=block_size
         )
-        new = jax.lax.platform_dependent(param, grad, *stored, cpu=cpu, default=step_of)
+    if _pallas.supported(param, grad, state, block_size, form) and has_kernels():
+        # on a GPU, one fused kernel per buffer (only offered there: jax 0.4 lowers every
+        # branch, and Pallas' Triton kernel does not lower for another backend)
+        branches["cuda"] = functools.partial(
+            _pallas.fused_step,
+            h=h,
+            step=step,
+            form=form,
+            adamw=adamw,
+            block_size=block_size,
+            rule=RULE_MATH,
+        )
+    if branches:
+        new = jax.lax.platform_dependent(param, grad, *stored, default=step_of, **branches)
     else:
         new = step_of(param, grad, *stored)
     p, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale = new
@@ -282,6 +327,16 @@ def _update(
         p = round_bf16_stochastically(p, draw).astype(f32)
     new = LowBitAdamState(step, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale, rng)
     return p, new
+
+
+RULE_MATH = {
+    "decayed": decayed,
+    "moments": moments,
+    "update": adam_update,
+    "corrections": bias_corrections,
+}
+"""The rule's arithmetic, which the fused GPU kernel (`_pallas`) traces as the XLA step
+(`_step`) does."""
 
 
 def _step(
@@ -306,15 +361,10 @@ def _step(
     u, u_scale)`` after the step, ``p`` in float32."""
     f32 = jnp.float32
     shape = tuple(jnp.shape(param))
-    p, g = param.astype(f32), grad.astype(f32)
-    if adamw:
-        p = p - (h["lr"] * h["weight_decay"]) * p
-    else:
-        g = g + h["weight_decay"] * p
-    bias_correction1 = 1 - h["beta1"] ** step
-    bias_correction2 = 1 - h["beta2"] ** step
-    m = lerp(_load(m_codes, m_scale, form, True, shape), g, h["one_minus_beta1"])
-    v = lerp(_load(v_codes, v_scale, form, False, shape), g * g, h["one_minus_beta2"])
+    p, g = decayed(param.astype(f32), grad.astype(f32), h, adamw)
+    corrections = bias_corrections(h, step)
+    m_old = _load(m_codes, m_scale, form, True, shape)
+    m, v = moments(m_old, _load(v_codes, v_scale, form, False, shape), g, h)
     m_stored, m_scale = _store(m, m_scale, form, True, block_size, cpu)
     v_stored, v_scale = _store(v, v_scale, form, False, block_size, cpu)
     u_stored, second = None, v
@@ -322,8 +372,7 @@ def _step(
         old = _load(u_codes, u_scale, form, False, shape)
         second = jnp.maximum(old, v)
         u_stored, u_scale = _store(second, u_scale, form, False, block_size, cpu)
-    denom = jnp.sqrt(second) / jnp.sqrt(bias_correction2) + h["eps"]
-    p = p - h["lr"] * (m / bias_correction1) / denom
+    p = adam_update(p, m, second, h, corrections)
     return p, m_stored, m_scale, v_stored, v_scale, u_stored, u_scale
 
 
