@@ -12,7 +12,7 @@ import dataclasses
 from optax import GradientTransformation
 import jax
 
-from ._rule import Rule
+from .rule import Rule
 
 __all__ = [
     "KronState",
@@ -42,6 +42,7 @@ class ProbSchedule:
     min_prob: float
     decay: float
     flat_start: float
+    def __post_init__(self) -> None: ...
     def __call__(self, n: Any) -> jax.Array: ...
 
 def precond_update_prob_schedule(
