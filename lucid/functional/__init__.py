@@ -23,6 +23,7 @@ from .radam import RAdamState, radam
 from .rmsprop import RMSpropState, rmsprop
 from .rprop import RpropState, rprop
 from .sgd import SGDState, sgd
+from .soap import SOAPState, soap
 from .sparse_adam import SparseAdamState, sparse_adam
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "RpropState",
     "Rule",
     "SGDState",
+    "SOAPState",
     "SparseAdamState",
     "adadelta",
     "adafactor",
@@ -60,6 +62,7 @@ __all__ = [
     "schedulefree",
     "schedules",
     "sgd",
+    "soap",
     "sparse_adam",
     "torchao",
 ]

@@ -52,12 +52,14 @@ from .radam import RAdam
 from .rmsprop import RMSprop
 from .rprop import Rprop
 from .sgd import SGD
+from .soap import SOAP
 from .sparse_adam import SparseAdam
 
 __all__ = [
     "ASGD",
     "LBFGS",
     "SGD",
+    "SOAP",
     "Adadelta",
     "Adafactor",
     "Adagrad",

@@ -38,7 +38,7 @@ from typing import Any
 from ..functional._rule import Rule
 from ..functional._signature import Signature, factory_of
 
-REFERENCES = ("torch.optim", "bitsandbytes", "torchao", "schedulefree")
+REFERENCES = ("torch.optim", "bitsandbytes", "torchao", "schedulefree", "pytorch_optimizer")
 
 
 @dataclasses.dataclass(frozen=True)

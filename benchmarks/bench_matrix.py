@@ -1,0 +1,178 @@
+"""Matrix preconditioners on the CPU: state bytes per parameter and step time, lucid's
+compiled step against lucid's compiled AdamW and against the reference's own step.
+
+The shapes are GPT-2's layout scaled down for a CPU (``--d-model``, ``--layers``,
+``--vocab``, ``--ctx``). A step's time is the mean over whole refresh periods (two of
+them), so the preconditioner refreshes are paid in it as in training; every row runs in
+this process, on the same inputs, and the ratios printed are of times measured in this
+run.
+
+Each optimizer is a `Row` in ``ROWS``: its lucid class, its reference class (``None``
+where none is installed) and the options both take. Add a row for another optimizer of
+the family and the table gets its line.
+
+Run: ``python benchmarks/bench_matrix.py [--rows SOAP] [--d-model 192 --layers 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from shapes import gpt2, numel
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One optimizer of the table.
+
+    Attributes:
+      name: the name printed.
+      lucid: ``lucid(params, **options) -> lucid optimizer``.
+      reference: ``reference(params, **options) -> torch optimizer``, or ``None``.
+      options: the keywords both take (the refresh settings included).
+      period: the steps of one refresh period (the timing covers two).
+    """
+
+    name: str
+    lucid: Callable[..., Any]
+    reference: Callable[..., Any] | None
+    options: dict[str, Any]
+    period: int
+
+
+def _rows() -> dict[str, Row]:
+    import lucid
+
+    try:
+        import pytorch_optimizer
+    except ImportError:  # the reference is a test dependency
+        pytorch_optimizer = None
+    rows = {
+        "AdamW": Row("AdamW", lucid.optim.AdamW, None, {"lr": 1e-3}, 1),
+        "SOAP": Row(
+            "SOAP",
+            lucid.optim.SOAP,
+            None if pytorch_optimizer is None else pytorch_optimizer.SOAP,
+            {"lr": 3e-3, "precondition_frequency": 10},
+            10,
+        ),
+    }
+    return rows
+
+
+def _nbytes(tree: Any) -> int:
+    """Bytes of every array (jax, NumPy or torch) in a nested state."""
+    if hasattr(tree, "nbytes") and not isinstance(tree, list | tuple | dict):
+        return int(tree.nbytes)
+    if hasattr(tree, "element_size"):
+        return int(tree.element_size() * tree.numel())
+    if isinstance(tree, dict):
+        return sum(_nbytes(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return sum(_nbytes(v) for v in tree)
+    return 0
+
+
+def _lucid_time(row: Row, shapes: list, grads: list, steps: int) -> tuple[float, float, float]:
+    """(first step incl. compiling ms, mean ms over ``steps``, state bytes per parameter)."""
+    import jax
+    import jax.numpy as jnp
+
+    import lucid
+
+    params = [lucid.Parameter(jnp.asarray(g * 0.5)) for g in grads]
+    opt = row.lucid(params, **row.options)
+    compiled = lucid.compile_optimizer(opt)
+    for p, g in zip(params, grads):
+        p.grad = jnp.asarray(g)
+    start = time.perf_counter()
+    compiled.step()
+    jax.block_until_ready([p.data for p in params])
+    first = 1e3 * (time.perf_counter() - start)
+    for _ in range(2):  # two more: the second step's program (updates) is now warm too
+        compiled.step()
+    jax.block_until_ready([p.data for p in params])
+    start = time.perf_counter()
+    for _ in range(steps):
+        compiled.step()
+    jax.block_until_ready([p.data for p in params])
+    mean = 1e3 * (time.perf_counter() - start) / steps
+    state = compiled.state_dict()["state"]
+    return first, mean, _nbytes(state) / numel(shapes)
+
+
+def _reference_time(row: Row, shapes: list, grads: list, steps: int) -> tuple[float, float]:
+    """(mean ms over ``steps`` of the reference's eager step, state bytes per parameter)."""
+    import torch
+
+    params = [torch.tensor(g * 0.5) for g in grads]
+    opt = row.reference(params, **row.options)
+    for p, g in zip(params, grads):
+        p.grad = torch.tensor(g)
+    for _ in range(3):
+        opt.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        opt.step()
+    mean = 1e3 * (time.perf_counter() - start) / steps
+    return mean, _nbytes(opt.state_dict()["state"]) / numel(shapes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="SOAP", help="comma-separated rows (AdamW always)")
+    parser.add_argument("--d-model", type=int, default=192)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--ctx", type=int, default=256)
+    args = parser.parse_args()
+
+    import jax
+    import torch
+
+    shapes = gpt2(d_model=args.d_model, n_layer=args.layers, vocab=args.vocab, n_ctx=args.ctx)
+    rng = np.random.default_rng(0)
+    grads = [rng.normal(size=s).astype(np.float32) * 1e-2 for s in shapes]
+    rows = _rows()
+    wanted = ["AdamW"] + [r for r in args.rows.split(",") if r and r != "AdamW"]
+    print(
+        f"# {datetime.date.today().isoformat()}  {platform.processor() or platform.machine()}"
+        f"  {os.cpu_count()} cores  jax {jax.__version__}  torch {torch.__version__}"
+        f"  torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"# GPT-2 layout, d_model {args.d_model}, {args.layers} blocks, vocab {args.vocab}, "
+        f"ctx {args.ctx}: {len(shapes)} tensors, {numel(shapes):,d} floats (float32)"
+    )
+    print(
+        "| optimizer | state B/param (lucid) | state B/param (reference) | first step ms "
+        "| lucid step ms | reference step ms | lucid / AdamW | reference / lucid |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    adamw_ms = math.nan
+    for name in wanted:
+        row = rows[name]
+        steps = 2 * row.period
+        first, ms, state = _lucid_time(row, shapes, grads, steps)
+        if name == "AdamW":
+            adamw_ms = ms
+        ref_ms, ref_state = (math.nan, math.nan)
+        if row.reference is not None:
+            ref_ms, ref_state = _reference_time(row, shapes, grads, steps)
+        print(
+            f"| {name} | {state:.1f} | {ref_state:.1f} | {first:.0f} | {ms:.2f} | {ref_ms:.2f} "
+            f"| {ms / adamw_ms:.2f} | {ref_ms / ms:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
