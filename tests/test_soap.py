@@ -129,11 +129,12 @@ class _Lucid:
 
     def __init__(self, form, init, options, groups=None):
         self.form = form
-        self.params = [lucid.Parameter(jnp.asarray(x)) for x in init]
+        # copies: jax 0.4 may alias a NumPy array's memory (a torch tensor's, here)
+        self.params = [lucid.Parameter(jnp.array(x, copy=True)) for x in init]
         if form == "transform":
             self.tx = lucid.functional.soap(**options)
             self.update = jax.jit(self.tx.update)
-            self.values = [jnp.asarray(x) for x in init]
+            self.values = [jnp.array(x, copy=True) for x in init]
             self.state = self.tx.init(self.values)
             return
         spec = self.params if groups is None else groups(self.params)
