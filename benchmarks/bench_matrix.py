@@ -65,6 +65,13 @@ def _rows() -> dict[str, Row]:
             {"lr": 3e-3, "precondition_frequency": 10},
             10,
         ),
+        "Shampoo": Row(
+            "Shampoo",
+            lucid.optim.Shampoo,
+            None if pytorch_optimizer is None else pytorch_optimizer.Shampoo,
+            {"lr": 1e-3, "preconditioning_compute_steps": 10},
+            10,
+        ),
     }
     return rows
 
@@ -129,7 +136,9 @@ def _reference_time(row: Row, shapes: list, grads: list, steps: int) -> tuple[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="SOAP", help="comma-separated rows (AdamW always)")
+    parser.add_argument(
+        "--rows", default="SOAP,Shampoo", help="comma-separated rows (AdamW always)"
+    )
     parser.add_argument("--d-model", type=int, default=192)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=2048)

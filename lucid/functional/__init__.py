@@ -23,6 +23,7 @@ from .radam import RAdamState, radam
 from .rmsprop import RMSpropState, rmsprop
 from .rprop import RpropState, rprop
 from .sgd import SGDState, sgd
+from .shampoo import ShampooState, shampoo
 from .soap import SOAPState, soap
 from .sparse_adam import SparseAdamState, sparse_adam
 
@@ -42,6 +43,7 @@ __all__ = [
     "Rule",
     "SGDState",
     "SOAPState",
+    "ShampooState",
     "SparseAdamState",
     "adadelta",
     "adafactor",
@@ -62,6 +64,7 @@ __all__ = [
     "schedulefree",
     "schedules",
     "sgd",
+    "shampoo",
     "soap",
     "sparse_adam",
     "torchao",

@@ -52,6 +52,7 @@ from .radam import RAdam
 from .rmsprop import RMSprop
 from .rprop import Rprop
 from .sgd import SGD
+from .shampoo import Shampoo
 from .soap import SOAP
 from .sparse_adam import SparseAdam
 
@@ -91,6 +92,7 @@ __all__ = [
     "ReduceLROnPlateau",
     "Rprop",
     "SequentialLR",
+    "Shampoo",
     "SparseAdam",
     "StateLayout",
     "StepLR",
