@@ -329,6 +329,7 @@ _NAMESPACES = {
     "bitsandbytes": "lucid.optim.bnb",
     "torchao": "lucid.optim.torchao",
     "schedulefree": "lucid.optim.schedulefree",
+    "pytorch_optimizer": "lucid.optim",
 }
 
 
