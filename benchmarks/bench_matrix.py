@@ -3,15 +3,23 @@ compiled step against lucid's compiled AdamW and against the reference's own ste
 
 The shapes are GPT-2's layout scaled down for a CPU (``--d-model``, ``--layers``,
 ``--vocab``, ``--ctx``). A step's time is the mean over whole refresh periods (two of
-them), so the preconditioner refreshes are paid in it as in training; every row runs in
-this process, on the same inputs, and the ratios printed are of times measured in this
-run.
+them), so the preconditioner refreshes are paid in it as in training, the least of
+`REPEATS` such means; every row runs in this process, on the same inputs, and the ratios
+printed are of times measured in this run. The first line gives the date, the machine and
+its load average when the run began.
 
 Each optimizer is a `Row` in ``ROWS``: its lucid class, its reference class (``None``
 where none is installed) and the options both take. Add a row for another optimizer of
 the family and the table gets its line.
 
-Run: ``python benchmarks/bench_matrix.py [--rows SOAP] [--d-model 192 --layers 2]``.
+jax's CPU decompositions (eigh, QR, SVD) call the LAPACK of SciPy's OpenBLAS, whose
+threads spin while they wait: on a machine whose cores other jobs hold, a refresh's SVD took
+seconds instead of milliseconds (measured: Shampoo's refresh 15 s with OpenBLAS's default
+threads, 74 ms with ``OPENBLAS_NUM_THREADS=1``, at a load average of 12 on 2 cores). The
+header prints the setting; set it to 1 on a shared machine.
+
+Run: ``OPENBLAS_NUM_THREADS=1 python benchmarks/bench_matrix.py [--rows SOAP,Shampoo]
+[--d-model 192 --layers 2]``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ from typing import Any
 
 import numpy as np
 from shapes import gpt2, numel
+
+REPEATS = 3
+"""Each time is the least of this many means over two refresh periods: on a shared machine
+the least is the one the others' load disturbed least."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,12 +120,15 @@ def _lucid_time(row: Row, shapes: list, grads: list, steps: int) -> tuple[float,
     for _ in range(2):  # two more: the second step's program (updates) is now warm too
         compiled.step()
     jax.block_until_ready([p.data for p in params])
-    start = time.perf_counter()
-    for _ in range(steps):
-        compiled.step()
-    jax.block_until_ready([p.data for p in params])
-    mean = 1e3 * (time.perf_counter() - start) / steps
+    means = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        for _ in range(steps):
+            compiled.step()
+        jax.block_until_ready([p.data for p in params])
+        means.append(1e3 * (time.perf_counter() - start) / steps)
     state = compiled.state_dict()["state"]
+    mean = min(means)
     return first, mean, _nbytes(state) / numel(shapes)
 
 
@@ -127,11 +142,13 @@ def _reference_time(row: Row, shapes: list, grads: list, steps: int) -> tuple[fl
         p.grad = torch.tensor(g)
     for _ in range(3):
         opt.step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        opt.step()
-    mean = 1e3 * (time.perf_counter() - start) / steps
-    return mean, _nbytes(opt.state_dict()["state"]) / numel(shapes)
+    means = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        for _ in range(steps):
+            opt.step()
+        means.append(1e3 * (time.perf_counter() - start) / steps)
+    return min(means), _nbytes(opt.state_dict()["state"]) / numel(shapes)
 
 
 def main() -> None:
@@ -156,7 +173,8 @@ def main() -> None:
     print(
         f"# {datetime.date.today().isoformat()}  {platform.processor() or platform.machine()}"
         f"  {os.cpu_count()} cores  jax {jax.__version__}  torch {torch.__version__}"
-        f"  torch threads {torch.get_num_threads()}"
+        f"  torch threads {torch.get_num_threads()}  load average {os.getloadavg()[0]:.1f}"
+        f"  OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}"
     )
     print(
         f"# GPT-2 layout, d_model {args.d_model}, {args.layers} blocks, vocab {args.vocab}, "
