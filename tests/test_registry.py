@@ -188,8 +188,7 @@ PACKAGES = {
     "bitsandbytes": (lucid.optim.bnb, lucid.functional.bnb),
     "torchao": (lucid.optim.torchao, lucid.functional.torchao),
     "schedulefree": (lucid.optim.schedulefree, lucid.functional.schedulefree),
-    # kron-torch's Kron sits beside torch's optimizers, as its name does not clash
-    "kron-torch": (lucid.optim, lucid.functional),
+    "pytorch_optimizer": (lucid.optim, lucid.functional),
 }
 
 
@@ -208,6 +207,7 @@ def test_each_registered_class_and_its_transform_are_exported(reference):
         if entry.transform is not None:
             name = entry.transform.__name__
             assert name in transforms.__all__ and getattr(transforms, name) is entry.transform
+    shares = {ref for ref, spaces in PACKAGES.items() if spaces[0] is classes}
     exported = {
         name
         for name in classes.__all__
@@ -218,6 +218,9 @@ def test_each_registered_class_and_its_transform_are_exported(reference):
     }
     sharing = [r for r, (namespace, _) in PACKAGES.items() if namespace is classes]
     assert exported == set().union(*(_names(r) for r in sharing))
+    # a namespace several packages share (lucid.optim: torch.optim's and
+    # pytorch_optimizer's classes) holds exactly their classes together
+    assert exported == set().union(*(_names(ref) for ref in shares))
 
 
 def test_a_transform_is_the_form_of_its_class():
@@ -264,6 +267,7 @@ DOC_TABLES = [
     ("optimizers/schedulefree.md", "| schedulefree |", "schedulefree", 1, 2, True),
     ("optimizers/bnb.md", "| bitsandbytes |", "bitsandbytes", 0, None, False),
     ("optimizers/kron.md", "| kron-torch |", "kron-torch", 1, 2, True),
+    ("optimizers/index.md", "| pytorch_optimizer |", "pytorch_optimizer", 1, 2, False),
 ]
 # classes a docs table lists beside the registered ones, and why
 DOCS_EXTRA = {

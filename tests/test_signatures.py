@@ -19,21 +19,25 @@ from oracle import assert_signature_is_torchs
 
 import lucid
 import lucid.functional as LF
-from lucid.optim._registry import entry_of
+from lucid.optim._registry import entry_of, registered
 
 
 def _forms() -> dict[str, str]:
-    """Every lucid optimizer class built from a torch signature, with its functional
-    form (found by that signature, so a new optimizer is covered without listing it)."""
+    """Every lucid optimizer class built from a torch.optim signature, with its functional
+    form (found by that signature, so a new optimizer is covered without listing it).
+    pytorch_optimizer's classes, which lucid.optim also holds (SOAP, Shampoo), are checked
+    against their package in their own test modules (tests/test_soap.py, test_shampoo.py)."""
+    others = {e.signature for e in registered() if e.reference == "pytorch_optimizer"}
     factories = {
         getattr(LF, name).torch_signature: name
         for name in LF.__all__
         if hasattr(getattr(LF, name), "torch_signature")
+        and getattr(LF, name).torch_signature not in others
     }
     forms = {}
     for name in lucid.optim.__all__:
         signature = getattr(getattr(lucid.optim, name), "torch_signature", None)
-        if signature is not None:
+        if signature is not None and signature not in others:
             forms[name] = factories.pop(signature)
     assert not factories, f"functional forms without a class: {factories}"
     return forms

@@ -24,6 +24,8 @@ from .rmsprop import RMSpropState, rmsprop
 from .rprop import RpropState, rprop
 from .rule import Rule
 from .sgd import SGDState, sgd
+from .shampoo import ShampooState, shampoo
+from .soap import SOAPState, soap
 from .sparse_adam import SparseAdamState, sparse_adam
 
 __all__ = [
@@ -42,6 +44,8 @@ __all__ = [
     "RpropState",
     "Rule",
     "SGDState",
+    "SOAPState",
+    "ShampooState",
     "SparseAdamState",
     "adadelta",
     "adafactor",
@@ -64,6 +68,8 @@ __all__ = [
     "schedulefree",
     "schedules",
     "sgd",
+    "shampoo",
+    "soap",
     "sparse_adam",
     "torchao",
 ]

@@ -53,12 +53,15 @@ from .radam import RAdam
 from .rmsprop import RMSprop
 from .rprop import Rprop
 from .sgd import SGD
+from .shampoo import Shampoo
+from .soap import SOAP
 from .sparse_adam import SparseAdam
 
 __all__ = [
     "ASGD",
     "LBFGS",
     "SGD",
+    "SOAP",
     "Adadelta",
     "Adafactor",
     "Adagrad",
@@ -91,6 +94,7 @@ __all__ = [
     "ReduceLROnPlateau",
     "Rprop",
     "SequentialLR",
+    "Shampoo",
     "SparseAdam",
     "StateLayout",
     "StepLR",

@@ -39,7 +39,14 @@ from typing import Any
 from ..functional._signature import Signature, factory_of
 from ..functional.rule import Rule
 
-REFERENCES = ("torch.optim", "bitsandbytes", "torchao", "schedulefree", "kron-torch")
+REFERENCES = (
+    "torch.optim",
+    "bitsandbytes",
+    "torchao",
+    "schedulefree",
+    "kron-torch",
+    "pytorch_optimizer",
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -330,6 +330,7 @@ _NAMESPACES = {
     "torchao": "lucid.optim.torchao",
     "schedulefree": "lucid.optim.schedulefree",
     "kron-torch": "lucid.optim",
+    "pytorch_optimizer": "lucid.optim",
 }
 
 
