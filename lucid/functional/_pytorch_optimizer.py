@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._rule import is_number
+from ._apply import is_number
 
 __all__ = ["NegativeLRError", "NegativeStepError"]
 
