@@ -50,6 +50,9 @@ FOREIGN_PRIVATE = {
     "_last_lr",
     "_step_count",
     "_initial_step",
+    # kron-torch's counters, kept on its optimizer object (lucid keeps them per parameter)
+    "_prob_step",
+    "_update_counter",
 }
 DATA_URI = re.compile(r"""(["'(])data:[^"')]*""")
 INLINE_BLOCK = re.compile(r"<(script|style)\b[^>]*>.*?</\1>", re.S | re.I)

@@ -780,7 +780,7 @@ ADAMW_SCHEDULEFREE_REFERENCE_SIGNATURE = Signature(
 
 
 def _transform(rule: Rule, kind: str, options: dict[str, Any]) -> optax.GradientTransformation:
-    rule.validate(options)
+    rule.options.validate(options)
     reference = rule.state is ScheduleFreeReferenceState
     flags = _reference_flags(options) if reference else _flags(options)
     names = ("lr", "weight_decay", "r", "weight_lr_power", "eps", "warmup_steps", "momentum")
