@@ -201,7 +201,7 @@ def precond_update_prob_schedule(
     return ProbSchedule(float(max_prob), float(min_prob), float(decay), float(flat_start))
 
 
-def _as_schedule(value: Any) -> Any:
+def as_schedule(value: Any) -> Any:
     """A kron-torch ``ProbScheduler`` (from a torch state_dict: its four tensors) as the
     `ProbSchedule` it computes; anything else as given."""
     if isinstance(value, ProbSchedule) or not callable(value):
@@ -215,7 +215,7 @@ def _as_schedule(value: Any) -> Any:
 # ------------------------------------------------------------------ the layout
 
 
-def _as_dtype(value: Any, option: str) -> np.dtype | None:
+def as_dtype(value: Any, option: str) -> np.dtype | None:
     """A dtype option (``None``, a jax/NumPy dtype or name, or a torch dtype) as a NumPy
     dtype.
 
@@ -451,8 +451,8 @@ def _validate_kron(o: dict) -> None:
     """The checks of the options kron-torch reads (it checks none at construction; lucid
     refuses, at construction, values kron-torch would fail on at its first step)."""
     for name in ("mu_dtype", "precond_dtype"):
-        _as_dtype(o[name], name)
-    probability = _as_schedule(o["preconditioner_update_probability"])
+        as_dtype(o[name], name)
+    probability = as_schedule(o["preconditioner_update_probability"])
     # (an array is checked by value with the other hyper-parameters)
     plain = probability is None or callable(probability) or is_number(probability)
     if not plain and getattr(probability, "shape", None) is None:
@@ -477,7 +477,7 @@ def _check_at_step(o: dict) -> None:
 
 
 def _split(o: dict) -> tuple[dict, dict]:
-    probability = _as_schedule(o["preconditioner_update_probability"])
+    probability = as_schedule(o["preconditioner_update_probability"])
     if probability is None:
         probability = precond_update_prob_schedule()
     hyper = {
@@ -506,15 +506,15 @@ def _split(o: dict) -> tuple[dict, dict]:
         "memory_save_mode": o["memory_save_mode"],
         "momentum_into_precond_update": bool(o["momentum_into_precond_update"]),
         "merge_dims": bool(o["merge_dims"]),
-        "mu_dtype": _as_dtype(o["mu_dtype"], "mu_dtype"),
-        "precond_dtype": _as_dtype(o["precond_dtype"], "precond_dtype") or np.dtype(np.float32),
+        "mu_dtype": as_dtype(o["mu_dtype"], "mu_dtype"),
+        "precond_dtype": as_dtype(o["precond_dtype"], "precond_dtype") or np.dtype(np.float32),
         "schedule": schedule,
         "use_weight_decay": not is_zero(o["weight_decay"]),
     }
     return hyper, flags
 
 
-def _layout(shape: Sequence[int], flags: dict) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+def factor_layout(shape: Sequence[int], flags: dict) -> tuple[tuple[int, ...], tuple[bool, ...]]:
     shape = merged_shape(shape, flags["merge_dims"])
     diag = diagonal_axes(
         shape,
@@ -559,7 +559,7 @@ def _init(
         "memory_save_mode": memory_save_mode,
         "merge_dims": merge_dims,
     }
-    shape, diag = _layout(jnp.shape(param), flags)
+    shape, diag = factor_layout(jnp.shape(param), flags)
     # kron-torch: scale ** (1 / ndim) on the host, times ones or eye in precond_dtype
     scale = jnp.asarray(hyper["precond_init_scale"]) ** (1.0 / len(shape))
     factors = [
@@ -713,7 +713,7 @@ def _update(
         "memory_save_mode": memory_save_mode,
         "merge_dims": merge_dims,
     }
-    shape, diag = _layout(jnp.shape(param), flags)
+    shape, diag = factor_layout(jnp.shape(param), flags)
     mu = np.dtype(mu_dtype or storage_dtype)
     pdtype = np.dtype(precond_dtype)
     # when the preconditioner is updated (kron-torch's optimizer-wide counters)
@@ -824,7 +824,7 @@ def with_draws(draw: Draw, *, solve_dtype: Any = jnp.float32) -> Rule:
 def _as_probability(value: Any) -> Any:
     """``None`` as kron-torch's default schedule (the constructor stores it in the group),
     a kron-torch ``ProbScheduler`` as the same `ProbSchedule`."""
-    return precond_update_prob_schedule() if value is None else _as_schedule(value)
+    return precond_update_prob_schedule() if value is None else as_schedule(value)
 
 
 KRON_SIGNATURE = Signature(

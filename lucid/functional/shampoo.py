@@ -63,9 +63,30 @@ class ShampooState(NamedTuple):
       step: steps taken with a gradient (float32; the reference keeps it per group).
       momentum_buffer: the last preconditioned update (the first gradient, before the
         first step, with momentum), shaped as the parameter.
-      pre_cond_0 ... pre_cond_7: each axis's statistic ``H_i`` (``d_i x d_i``); `None`
-        past the parameter's order.
-      inv_pre_cond_0 ... inv_pre_cond_7: each axis's inverse root ``R_i``.
+      pre_cond_0: axis 0's statistic ``H_0`` (``d_0 x d_0``); `None` past the
+        parameter's order.
+      pre_cond_1: axis 1's statistic ``H_1`` (``d_1 x d_1``); `None` past the
+        parameter's order.
+      pre_cond_2: axis 2's statistic ``H_2`` (``d_2 x d_2``); `None` past the
+        parameter's order.
+      pre_cond_3: axis 3's statistic ``H_3`` (``d_3 x d_3``); `None` past the
+        parameter's order.
+      pre_cond_4: axis 4's statistic ``H_4`` (``d_4 x d_4``); `None` past the
+        parameter's order.
+      pre_cond_5: axis 5's statistic ``H_5`` (``d_5 x d_5``); `None` past the
+        parameter's order.
+      pre_cond_6: axis 6's statistic ``H_6`` (``d_6 x d_6``); `None` past the
+        parameter's order.
+      pre_cond_7: axis 7's statistic ``H_7`` (``d_7 x d_7``); `None` past the
+        parameter's order.
+      inv_pre_cond_0: axis 0's inverse root ``R_0``; `None` past the parameter's order.
+      inv_pre_cond_1: axis 1's inverse root ``R_1``; `None` past the parameter's order.
+      inv_pre_cond_2: axis 2's inverse root ``R_2``; `None` past the parameter's order.
+      inv_pre_cond_3: axis 3's inverse root ``R_3``; `None` past the parameter's order.
+      inv_pre_cond_4: axis 4's inverse root ``R_4``; `None` past the parameter's order.
+      inv_pre_cond_5: axis 5's inverse root ``R_5``; `None` past the parameter's order.
+      inv_pre_cond_6: axis 6's inverse root ``R_6``; `None` past the parameter's order.
+      inv_pre_cond_7: axis 7's inverse root ``R_7``; `None` past the parameter's order.
     """
 
     step: Any

@@ -25,10 +25,10 @@ from ..functional.kron import (
     KRON_SIGNATURE,
     KronState,
     ProbSchedule,
-    _as_dtype,
-    _as_schedule,
-    _layout,
+    as_dtype,
+    as_schedule,
     einsum_expressions,
+    factor_layout,
     first_key,
     not_supported,
     pack,
@@ -95,11 +95,11 @@ class Kron(Optimizer):
         """A kron-torch state_dict's group values in lucid's terms: its ``ProbScheduler`` as
         the same `ProbSchedule`, its torch dtypes as NumPy dtypes."""
         for group in self.param_groups:
-            group["preconditioner_update_probability"] = _as_schedule(
+            group["preconditioner_update_probability"] = as_schedule(
                 group["preconditioner_update_probability"]
             )
             for name in ("mu_dtype", "precond_dtype"):
-                group[name] = _as_dtype(group[name], name)
+                group[name] = as_dtype(group[name], name)
 
     def state_names(self) -> set[str]:
         """kron-torch's entry names (others written into `state` are kept beside them).
@@ -179,7 +179,7 @@ class Kron(Optimizer):
         missing = {"step", "momentum_buffer", "Q"} - set(saved)
         if missing:
             raise ValueError(f"state of parameter {key!r} is missing {sorted(missing)}")
-        shape, diag = _layout(tuple(p.shape), _layout_flags(group))
+        shape, diag = factor_layout(tuple(p.shape), _layout_flags(group))
         where = f"parameter {key!r} of shape {tuple(p.shape)}"
         if "merged_shape" in saved and tuple(int(s) for s in saved["merged_shape"]) != shape:
             raise ValueError(
@@ -212,8 +212,8 @@ class Kron(Optimizer):
                     f"options axis {i} has a {kind} factor of shape {expected}"
                 )
             arrays.append(q)
-        mu = _as_dtype(group["mu_dtype"], "mu_dtype") or np.dtype(p.dtype)
-        precond = _as_dtype(group["precond_dtype"], "precond_dtype") or np.dtype(np.float32)
+        mu = as_dtype(group["mu_dtype"], "mu_dtype") or np.dtype(p.dtype)
+        precond = as_dtype(group["precond_dtype"], "precond_dtype") or np.dtype(np.float32)
         zero = jnp.zeros((), jnp.float32)
         return KronState(
             step=jnp.asarray(step, jnp.float32),
@@ -278,6 +278,6 @@ def to_kron_torch(state_dict: Mapping[str, Any]) -> dict[str, Any]:
             )
         for name in ("mu_dtype", "precond_dtype"):
             if group.get(name) is not None:
-                group[name] = getattr(torch, np.dtype(_as_dtype(group[name], name)).name)
+                group[name] = getattr(torch, np.dtype(as_dtype(group[name], name)).name)
         groups.append(group)
     return {"state": state, "param_groups": groups}

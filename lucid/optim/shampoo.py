@@ -43,6 +43,16 @@ class Shampoo(Optimizer):
         """A saved entry (the reference's or lucid's) as a `ShampooState`, its hidden
         step count the group's `step`.
 
+        Args:
+          group: the parameter's group, with the loaded options.
+          p: the parameter.
+          saved: its entry in the state_dict's `state`.
+          key: the entry's key (for error messages).
+
+        Returns:
+          The parameter's `ShampooState` (or the entry as the base class reads it, where it is
+          not one).
+
         Raises:
           ValueError: an entry is missing, unknown, or of the wrong shape.
         """

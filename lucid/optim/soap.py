@@ -81,6 +81,16 @@ class SOAP(Optimizer):
     def import_state(self, group: Mapping[str, Any], p: Parameter, saved: Any, key: Any) -> Any:
         """A saved entry (the reference's or lucid's) as a `SOAPState`, checked first.
 
+        Args:
+          group: the parameter's group, with the loaded options.
+          p: the parameter.
+          saved: its entry in the state_dict's `state`.
+          key: the entry's key (for error messages).
+
+        Returns:
+          The parameter's `SOAPState` (or the entry as the base class reads it, where it is
+          not one).
+
         Raises:
           ValueError: an entry is missing, unknown, or of the wrong shape for this
             parameter under the group's options.
