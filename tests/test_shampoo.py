@@ -22,9 +22,9 @@ import inspect
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 import torch
+from _matrix_forms import LucidForms, reference_step
 
 import lucid
 
@@ -72,13 +72,6 @@ def _data(shapes, dtype, steps, seed=0):
     return init, grads
 
 
-def _ref_step(params, opt, grads):
-    for p, g in zip(params, grads):
-        p.grad = torch.tensor(g)
-    opt.step()
-    return [p.detach().numpy().copy() for p in params]
-
-
 def _budget(ref, params, dtype, lr):
     """One step's share of the bound, from the reference's state after that step."""
     eps = float(np.finfo(dtype).eps)
@@ -95,42 +88,9 @@ def _budget(ref, params, dtype, lr):
     return worst + 4 * eps * scale
 
 
-class _Lucid:
-    def __init__(self, form, init, options, groups=None):
-        self.form = form
-        # copies: jax 0.4 may alias a NumPy array's memory (a torch tensor's, here)
-        self.params = [lucid.Parameter(jnp.array(x, copy=True)) for x in init]
-        if form == "transform":
-            self.tx = lucid.functional.shampoo(**options)
-            self.update = jax.jit(self.tx.update)
-            self.values = [jnp.array(x, copy=True) for x in init]
-            self.state = self.tx.init(self.values)
-            return
-        self.opt = lucid.optim.Shampoo(
-            self.params if groups is None else groups(self.params), **options
-        )
-        if form == "compiled":
-            lucid.compile_optimizer(self.opt)
-        elif form == "fused":
-
-            def loss(params, grads):
-                return sum(jnp.sum(p * g) for p, g in zip(params, grads))
-
-            self.fused = lucid.optim.fused_step(loss, self.opt)
-
-    def step(self, grads):
-        grads = [jnp.asarray(g) for g in grads]
-        if self.form == "transform":
-            updates, self.state = self.update(grads, self.state, self.values)
-            self.values = optax.apply_updates(self.values, updates)
-            return [np.asarray(v) for v in self.values]
-        if self.form == "fused":
-            self.fused(self.params, grads)
-        else:
-            for p, g in zip(self.params, grads):
-                p.grad = g
-            self.opt.step()
-        return [np.asarray(p.data) for p in self.params]
+def _Lucid(form, init, options, groups=None):
+    """lucid's Shampoo in one of its forms, stepped on given gradients."""
+    return LucidForms(lucid.functional.shampoo, lucid.optim.Shampoo, form, init, options, groups)
 
 
 def _compare(form, shapes, options, dtype, groups=None, steps=STEPS):
@@ -140,7 +100,7 @@ def _compare(form, shapes, options, dtype, groups=None, steps=STEPS):
     mine = _Lucid(form, init, options, groups)
     bound = 0.0
     for k, g in enumerate(grads, start=1):
-        want = _ref_step(ref_params, ref, g)
+        want = reference_step(ref_params, ref, g)
         got = mine.step(g)
         bound += _budget(ref, ref_params, dtype, options.get("lr", 1e-3))
         for w, o, s in zip(want, got, shapes):
@@ -185,12 +145,12 @@ def test_checkpoints_move_both_ways_with_the_reference(form):
     ref_params = [torch.tensor(x) for x in init]
     ref = RefShampoo(ref_params, **options)
     for g in grads[:3]:
-        _ref_step(ref_params, ref, g)
+        reference_step(ref_params, ref, g)
     mine = _Lucid(form, [p.detach().numpy() for p in ref_params], options)
     mine.opt.load_state_dict(ref.state_dict())
     assert mine.opt.param_groups[0]["step"] == 3
     for g in grads[3:6]:
-        want, got = _ref_step(ref_params, ref, g), mine.step(g)
+        want, got = reference_step(ref_params, ref, g), mine.step(g)
         for w, o in zip(want, got):
             np.testing.assert_allclose(o, w, rtol=0, atol=1e-12)
     fresh_params = [torch.tensor(np.asarray(p.data)) for p in mine.params]
@@ -198,7 +158,7 @@ def test_checkpoints_move_both_ways_with_the_reference(form):
     fresh.load_state_dict(lucid.optim.to_torch(mine.opt.state_dict()))
     assert fresh.param_groups[0]["step"] == 6
     for g in grads[6:]:
-        want, got = _ref_step(fresh_params, fresh, g), mine.step(g)
+        want, got = reference_step(fresh_params, fresh, g), mine.step(g)
         for w, o in zip(want, got):
             np.testing.assert_allclose(o, w, rtol=0, atol=1e-12)
 
@@ -210,7 +170,7 @@ def test_the_state_dict_is_the_references_entry_for_entry():
     ref = RefShampoo(ref_params, **options)
     mine = _Lucid("eager", init, options)
     for g in grads:
-        _ref_step(ref_params, ref, g)
+        reference_step(ref_params, ref, g)
         mine.step(g)
     want, got = ref.state_dict(), mine.opt.state_dict()
     for key, entry in want["state"].items():

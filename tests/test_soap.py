@@ -41,9 +41,9 @@ import inspect
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 import torch
+from _matrix_forms import LucidForms, reference_step
 
 import lucid
 from lucid.functional.soap import entries, merge_small_dims, preconditioners
@@ -117,50 +117,9 @@ def _reference(init, options, groups=None):
     return params, RefSOAP(groups(params), **options)
 
 
-def _ref_step(params, opt, grads):
-    for p, g in zip(params, grads):
-        p.grad = torch.tensor(g)
-    opt.step()
-    return [p.detach().numpy().copy() for p in params]
-
-
-class _Lucid:
+def _Lucid(form, init, options, groups=None):
     """lucid's SOAP in one of its forms, stepped on given gradients."""
-
-    def __init__(self, form, init, options, groups=None):
-        self.form = form
-        # copies: jax 0.4 may alias a NumPy array's memory (a torch tensor's, here)
-        self.params = [lucid.Parameter(jnp.array(x, copy=True)) for x in init]
-        if form == "transform":
-            self.tx = lucid.functional.soap(**options)
-            self.update = jax.jit(self.tx.update)
-            self.values = [jnp.array(x, copy=True) for x in init]
-            self.state = self.tx.init(self.values)
-            return
-        spec = self.params if groups is None else groups(self.params)
-        self.opt = lucid.optim.SOAP(spec, **options)
-        if form == "compiled":
-            lucid.compile_optimizer(self.opt)
-        elif form == "fused":
-
-            def loss(params, grads):
-                return sum(jnp.sum(p * g) for p, g in zip(params, grads))
-
-            self.fused = lucid.optim.fused_step(loss, self.opt)
-
-    def step(self, grads):
-        grads = [jnp.asarray(g) for g in grads]
-        if self.form == "transform":
-            updates, self.state = self.update(grads, self.state, self.values)
-            self.values = optax.apply_updates(self.values, updates)
-            return [np.asarray(v) for v in self.values]
-        if self.form == "fused":
-            self.fused(self.params, grads)
-        else:
-            for p, g in zip(self.params, grads):
-                p.grad = g
-            self.opt.step()
-        return [np.asarray(p.data) for p in self.params]
+    return LucidForms(lucid.functional.soap, lucid.optim.SOAP, form, init, options, groups)
 
 
 def _gap(ref):
@@ -198,7 +157,7 @@ def _compare(form, shapes, options, dtype, steps=STEPS, groups=None):
     scale = max(float(np.abs(x).max()) if x.size else 0.0 for x in init)
     gap = 1.0
     for k, g in enumerate(grads, start=1):
-        want = _ref_step(ref_params, ref, g)
+        want = reference_step(ref_params, ref, g)
         got = mine.step(g)
         gap = _gap(ref) if k == 1 else gap
         # the reference's step k refreshes at s = k - 1 when s % f == 0 (s > 0)
@@ -263,12 +222,12 @@ def test_a_reference_checkpoint_loads_and_steps_as_the_reference(case, form):
     init, grads = _data(shapes, np.float64, 14)
     ref_params, ref = _reference(init, options)
     for g in grads[:6]:
-        _ref_step(ref_params, ref, g)
+        reference_step(ref_params, ref, g)
     mine = _Lucid(form, [p.detach().numpy() for p in ref_params], options)
     mine.opt.load_state_dict(ref.state_dict())
     assert mine.opt.param_groups[0]["step"] == 6
     for k, g in enumerate(grads[6:], start=1):
-        want = _ref_step(ref_params, ref, g)
+        want = reference_step(ref_params, ref, g)
         got = mine.step(g)
         bound = _bound(np.float64, options, shapes, k, 1.0, True)
         for w, o in zip(want, got):
@@ -290,7 +249,7 @@ def test_a_lucid_checkpoint_loads_into_the_reference_and_steps_as_lucid(case, fo
     ref.load_state_dict(saved)
     assert ref.param_groups[0]["step"] == 5
     for k, g in enumerate(grads[5:], start=1):
-        want = _ref_step(ref_params, ref, g)
+        want = reference_step(ref_params, ref, g)
         got = mine.step(g)
         bound = _bound(np.float64, options, shapes, k, 1.0, True)
         for w, o in zip(want, got):
@@ -303,7 +262,7 @@ def test_the_state_dict_is_the_references_entry_for_entry():
     ref_params, ref = _reference(init, options)
     mine = _Lucid("eager", init, options)
     for g in grads:
-        _ref_step(ref_params, ref, g)
+        reference_step(ref_params, ref, g)
         mine.step(g)
     want, got = ref.state_dict(), mine.opt.state_dict()
     assert set(got["state"]) == set(want["state"])
