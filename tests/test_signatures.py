@@ -154,9 +154,9 @@ def test_positional_arguments_bind_as_in_torch(name):
     for p, value in zip(positional, values):
         mine, reference = ours[p.name], theirs[p.name]
         if p.name == "preconditioner_update_probability":  # kron-torch's schedule object
-            from lucid.functional.kron import _as_schedule
+            from lucid.functional.kron import as_schedule
 
-            reference = _as_schedule(reference)
+            reference = as_schedule(reference)
         assert mine == reference, p.name
         if value is not None:  # None: an option torch derives (LBFGS's max_eval)
             assert ours[p.name] == value, p.name
