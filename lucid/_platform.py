@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 
@@ -75,3 +76,14 @@ def batches(execution: Execution) -> bool:
 def flat_blocks(execution: Execution) -> bool:
     """Whether a rule's ``blocks`` may lay parameters end to end here."""
     return execution.blocks is not None and (FLAT_EXACT or not execution.fusion_sensitive)
+
+
+def shard_map(fn: Callable, mesh: Any, in_specs: Any, out_specs: Any) -> Callable:
+    """``fn`` run on each device of ``mesh`` over its own block of every input
+    (``jax.shard_map``; ``jax.experimental.shard_map`` on a jax without it), with no
+    check of which outputs are replicated (the callers' outputs are all sharded)."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    from jax.experimental.shard_map import shard_map as experimental
+
+    return experimental(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -303,7 +303,7 @@ def apply_leaves(
     for i in range(n):
         key = None
         if batched:
-            key = _batch_key(flags[i], hypers[i], params[i], grads[i], states[i])
+            key = batch_key(flags[i], hypers[i], params[i], grads[i], states[i])
         if key is not None:
             key = (*key, _placement(params[i]) if apart is None else apart[i])
         classes.setdefault(("alone", i) if key is None else key, []).append(i)
@@ -340,7 +340,7 @@ def _signature(x: Any) -> tuple | None:
     return tuple(shape), np.dtype(dtype)
 
 
-def _batch_key(
+def batch_key(
     flags: Mapping[str, Any], hyper: Mapping[str, Any], param: Any, grad: Any, state: Any
 ) -> tuple | None:
     """What parameters of one batched call share, or ``None`` for one that updates alone
@@ -370,6 +370,62 @@ def _same_number(values: Sequence[Any]) -> bool:
     return all(is_number(v) and float(v).hex() == bits for v in values)
 
 
+class StackedClass(NamedTuple):
+    """One class of `apply_leaves` stacked along a new leading axis (the travelling form
+    of a batched call: `stack_class` makes it, `apply_stacked` updates it).
+
+    Attributes:
+      shared: the hyper-parameters equal for the whole class, as scalars.
+      varying: the others, each stacked (one entry per member).
+      params: the members' values, stacked.
+      grads: their gradients, stacked.
+      states: their states, each field stacked.
+    """
+
+    shared: dict[str, Any]
+    varying: dict[str, Array]
+    params: Array
+    grads: Array
+    states: Any
+
+
+def stack_class(
+    hypers: Sequence[Mapping[str, Any]],
+    params: Sequence[Array],
+    grads: Sequence[Array],
+    states: Sequence[Any],
+) -> StackedClass:
+    """The members of one class (equal `batch_key`s) stacked: a hyper-parameter that is
+    the same for every member (the same object, or equal Python numbers) stays a scalar,
+    one that differs is stacked in the members' compute dtype."""
+    cdtype = compute_dtype(params[0].dtype)
+    shared: dict[str, Any] = {}
+    varying: dict[str, Array] = {}
+    for name in hypers[0]:
+        values = [h[name] for h in hypers]
+        if all(v is values[0] for v in values) or _same_number(values):
+            shared[name] = values[0]
+        else:
+            varying[name] = jnp.stack([jnp.asarray(v, cdtype) for v in values])
+    return StackedClass(
+        shared,
+        varying,
+        jnp.stack(params),
+        jnp.stack(grads),
+        jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states),
+    )
+
+
+def apply_stacked(rule: Rule, flags: Mapping[str, Any], stacked: StackedClass) -> tuple[Array, Any]:
+    """`apply_leaf` on every member of ``stacked`` under ``jax.vmap``: the new values
+    and states, stacked as the class was."""
+
+    def one(param: Array, grad: Array, state: Any, varying: dict[str, Array]) -> tuple:
+        return apply_leaf(rule, flags, {**stacked.shared, **varying}, param, grad, state)
+
+    return jax.vmap(one)(stacked.params, stacked.grads, stacked.states, stacked.varying)
+
+
 def _apply_batched(
     rule: Rule,
     flags: Mapping[str, Any],
@@ -379,25 +435,7 @@ def _apply_batched(
     states: Sequence[Any],
 ) -> list[tuple[Array, Any]]:
     """One class of `apply_leaves`: stacked, updated under ``jax.vmap``, cut back."""
-    cdtype = compute_dtype(params[0].dtype)
-    shared: dict[str, Any] = {}
-    stacked: dict[str, Array] = {}
-    for name in hypers[0]:
-        values = [h[name] for h in hypers]
-        if all(v is values[0] for v in values) or _same_number(values):
-            shared[name] = values[0]
-        else:
-            stacked[name] = jnp.stack([jnp.asarray(v, cdtype) for v in values])
-
-    def one(param: Array, grad: Array, state: Any, varying: dict[str, Array]) -> tuple:
-        return apply_leaf(rule, flags, {**shared, **varying}, param, grad, state)
-
-    new_params, new_states = jax.vmap(one)(
-        jnp.stack(params),
-        jnp.stack(grads),
-        jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states),
-        stacked,
-    )
+    new_params, new_states = apply_stacked(rule, flags, stack_class(hypers, params, grads, states))
     return [
         (new_params[i], jax.tree_util.tree_map(lambda x, i=i: x[i], new_states))
         for i in range(len(params))

@@ -337,6 +337,7 @@ MUON = Rule(
     execution=Execution(
         elementwise=False,
         batched=True,
+        whole_per_device=True,
     ),
 )
 

@@ -15,10 +15,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
-from ...functional._apply import apply_leaf, apply_leaves
+from ..._platform import shard_map
+from ...functional._apply import apply_leaf, apply_leaves, apply_stacked, batch_key, stack_class
 from ...functional.rule import Rule
-from .sharding import RowShard
+from .sharding import RowShard, shard_count, state_entry_sharding
 
 PROGRAMS_KEPT = 64  # distinct structures whose programs stay compiled
 
@@ -80,6 +82,60 @@ def _apply_by_rows(rule: Rule, plan: Plan, hyper: dict, value, grad, state):
     return jax.lax.with_sharding_constraint(new_value, plan.shard.whole), cut(new_state)
 
 
+def _apply_whole_per_device(
+    rule: Rule, flags: dict, shard: RowShard, hypers: list, values, grads, states
+) -> list[tuple[Any, Any]]:
+    """Same-shaped parameters (one `batch_key` class), replicated, with sharded state, of a
+    rule that updates them whole (`Execution.whole_per_device`: Muon):
+
+    [Step 1] the ``K`` members are stacked (`stack_class`) and padded with zeros to a
+    multiple of the ``D`` devices of ``shard.axes``;
+    [Step 2] device ``d`` takes members ``d·K'/D … (d+1)·K'/D - 1`` (``K'`` padded) whole,
+    and updates them under ``jax.vmap`` inside `shard_map`: no collective inside the
+    update; the state moves from its rows (as it is kept) to these members and back;
+    [Step 3] the new values are gathered to every device, once for the class.
+
+    Returns each member's ``(new value, new state)``."""
+    mesh, axes = shard.whole.mesh, shard.axes
+    dealt = NamedSharding(mesh, PartitionSpec(axes))
+    count, devices = len(values), shard_count(dealt)
+    padded = -(-count // devices) * devices
+    constrain = jax.lax.with_sharding_constraint
+
+    def by_rows(x: jax.Array) -> jax.Array:
+        """A stacked state field placed as its members' are kept: each member's rows
+        spread (`RowShard.cut`), so that one all-to-all moves it to or from `dealt`."""
+        kept = state_entry_sharding(shard.whole, tuple(x.shape[1:]), axes)
+        return constrain(x, NamedSharding(mesh, PartitionSpec(None, *kept.spec)))
+
+    def pad(x: jax.Array) -> jax.Array:
+        zeros = jnp.zeros((padded - count, *x.shape[1:]), x.dtype)
+        return constrain(jnp.concatenate([x, zeros]), dealt)
+
+    stacked = stack_class(hypers, values, grads, states)
+    stacked = stacked._replace(
+        varying=jax.tree_util.tree_map(pad, stacked.varying),
+        params=pad(stacked.params),
+        grads=pad(stacked.grads),
+        states=jax.tree_util.tree_map(lambda x: pad(by_rows(x)), stacked.states),
+    )
+    spec = PartitionSpec(axes)
+    specs = type(stacked)(PartitionSpec(), spec, spec, spec, spec)
+    run = shard_map(
+        functools.partial(apply_stacked, rule, flags),
+        mesh=mesh,
+        in_specs=(specs,),
+        out_specs=(spec, spec),
+    )
+    new_values, new_states = run(stacked)
+    new_values = constrain(new_values[:count], shard.whole)
+    new_states = jax.tree_util.tree_map(lambda x: by_rows(x[:count]), new_states)
+    return [
+        (new_values[i], jax.tree_util.tree_map(lambda x, i=i: shard.cut(x[i]), new_states))
+        for i in range(count)
+    ]
+
+
 def placements(arrays: list) -> tuple:
     """Each array's sharding (``None`` for one that is not a jax array): hashable, a
     static argument of `Placed`."""
@@ -136,12 +192,30 @@ def apply_buckets(
     new_values: list[Any] = [None] * n
     new_states: list[Any] = [None] * n
     rest = []
+    dealt: dict[Any, list[tuple[int, dict]]] = {}  # whole parameters dealt out to devices
     for i, (plan, value, grad, state) in enumerate(zip(plans, values, grads, states)):
         hyper = _hyper_of(plan, hyper32, hyper64)
-        if plan.shard is not None:
+        key = None
+        if isinstance(plan.shard, RowShard) and rule.execution.whole_per_device:
+            key = batch_key(dict(plan.flags), hyper, value, grad, state)
+        if key is not None:
+            dealt.setdefault((key, plan.shard), []).append((i, hyper))
+        elif plan.shard is not None:
             new_values[i], new_states[i] = _apply_sharded(rule, plan, hyper, value, grad, state)
         else:
             rest.append((i, dict(plan.flags), hyper))
+    for (_, shard), members in dealt.items():
+        outs = _apply_whole_per_device(
+            rule,
+            dict(plans[members[0][0]].flags),
+            shard,
+            [hyper for _, hyper in members],
+            [values[i] for i, _ in members],
+            [grads[i] for i, _ in members],
+            [states[i] for i, _ in members],
+        )
+        for (i, _), (new_value, new_state) in zip(members, outs):
+            new_values[i], new_states[i] = new_value, new_state
     if rest:
         outs = apply_leaves(
             rule,
