@@ -88,7 +88,7 @@ def _apply_whole_per_device(
     """Same-shaped parameters (one `batch_key` class), replicated, with sharded state, of a
     rule that updates them whole (`Execution.whole_per_device`: Muon):
 
-    [Step 1] the ``K`` members are stacked (`stack_class`) and padded with zeros to a
+    [Step 1] the ``K`` members are stacked (`stack_class`) with zero matrices to make a
     multiple of the ``D`` devices of ``shard.axes``;
     [Step 2] device ``d`` takes members ``d·K'/D … (d+1)·K'/D - 1`` (``K'`` padded) whole,
     and updates them under ``jax.vmap`` inside `shard_map`: no collective inside the
@@ -108,16 +108,27 @@ def _apply_whole_per_device(
         kept = state_entry_sharding(shard.whole, tuple(x.shape[1:]), axes)
         return constrain(x, NamedSharding(mesh, PartitionSpec(None, *kept.spec)))
 
-    def pad(x: jax.Array) -> jax.Array:
-        zeros = jnp.zeros((padded - count, *x.shape[1:]), x.dtype)
-        return constrain(jnp.concatenate([x, zeros]), dealt)
+    # zero matrices (with zero states and the first member's hyper-parameters) fill the
+    # batch up to `padded`; their updates are dropped
+    fill = padded - count
+    stacked = stack_class(
+        [*hypers, *[hypers[0]] * fill],
+        [*values, *[jnp.zeros_like(values[0])] * fill],
+        [*grads, *[jnp.zeros_like(grads[0])] * fill],
+        [*states, *[jax.tree_util.tree_map(jnp.zeros_like, states[0])] * fill],
+    )
+    whole = NamedSharding(mesh, PartitionSpec())
 
-    stacked = stack_class(hypers, values, grads, states)
+    def deal(x: jax.Array) -> jax.Array:
+        """A stack of replicated members dealt out (placed replicated first: without it
+        jax 0.4.35's partitioner sums each member over a second mesh axis)."""
+        return constrain(constrain(x, whole), dealt)
+
     stacked = stacked._replace(
-        varying=jax.tree_util.tree_map(pad, stacked.varying),
-        params=pad(stacked.params),
-        grads=pad(stacked.grads),
-        states=jax.tree_util.tree_map(lambda x: pad(by_rows(x)), stacked.states),
+        varying=jax.tree_util.tree_map(deal, stacked.varying),
+        params=deal(stacked.params),
+        grads=deal(stacked.grads),
+        states=jax.tree_util.tree_map(lambda x: constrain(by_rows(x), dealt), stacked.states),
     )
     spec = PartitionSpec(axes)
     specs = type(stacked)(PartitionSpec(), spec, spec, spec, spec)
