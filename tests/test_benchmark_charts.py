@@ -2,10 +2,11 @@
 
 docs/benchmarks.md shows SVGs that ``benchmarks/plot_results.py`` draws from the raw results
 in ``benchmarks/results/``; the API reference shows, on each scheduler's entry, a PNG that
-``examples/schedules_gallery.py --each`` draws. Both scripts run here into a temporary folder:
-a results file whose format changed, or a scheduler renamed, fails here rather than leaving
-the site with a stale chart. Every chart the scripts draw is one the docs show, and every
-chart the docs show is committed.
+``examples/schedules_gallery.py --each`` draws; the matrix optimizers' page shows sharded
+Muon's layout, which ``docs/assets/matrix/plot_sharded_muon.py`` draws. The scripts run here
+into a temporary folder: a results file whose format changed, or a scheduler renamed, fails
+here rather than leaving the site with a stale chart. Every chart the scripts draw is one
+the docs show, and every chart the docs show is committed.
 """
 
 from __future__ import annotations
@@ -64,3 +65,22 @@ def test_every_scheduler_has_its_plot(tmp_path):
     }
     assert schedulers <= drawn, f"schedulers without a plot: {sorted(schedulers - drawn)}"
     assert drawn == _shown("schedules") == {p.name for p in (DOCS / "assets/schedules").iterdir()}
+
+
+def test_the_sharded_muon_figure_draws_from_its_script(tmp_path):
+    """docs/optimizers/matrix.md's layout figure is its script's drawing, committed: the
+    script draws it again pixel for pixel (nothing in it is measured, random or dated; the
+    pixels, not the bytes, so that another PNG encoder's compression does not count)."""
+    from matplotlib.image import imread
+
+    folder = DOCS / "assets" / "matrix"
+    script = _load(folder / "plot_sharded_muon.py")
+    drawn = script.draw(tmp_path / "sharded_muon.png")
+    assert {drawn.name} == _shown("matrix"), "a figure drawn but not shown, or shown but not drawn"
+    committed = folder / drawn.name
+    assert committed.is_file(), f"{drawn.name} is not committed"
+    assert committed.stat().st_size < 150_000
+    assert (imread(drawn) == imread(committed)).all(), (
+        "the committed figure is not what the script draws: run "
+        "python docs/assets/matrix/plot_sharded_muon.py"
+    )

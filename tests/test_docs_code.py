@@ -42,7 +42,7 @@ from _markdown import Block, Container, fenced_blocks, python_blocks
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 PYTHON_PAGES = [page for page in PAGES if python_blocks(page.read_text())]
-HOST_DEVICES = {"docs/distributed.md": 8}
+HOST_DEVICES = {"docs/distributed.md": 8, "docs/optimizers/matrix.md": 8}
 LANGUAGES = {"python", "bash", "console", "text"}
 PROCESSES = re.compile(r"docs test: run as (\d+) processes")
 TIMEOUT = 240  # seconds for one page: far above what any takes
