@@ -902,11 +902,13 @@ KRON_SIGNATURE = Signature(
             "triangular solves run in float32 as kron-torch's.",
         ),
     ),
+    # the preconditioner's update draws random probes (jax's random bits, which differ
+    # between jax 0.4 and later): the example steps with the initial preconditioner
     Example(
-        "lr=0.1",
+        "lr=0.1, preconditioner_update_probability=0.0",
         "[[1.0, -2.0], [0.5, 3.0]]",
         "[[1.0, 0.0], [0.0, 1.0]]",
-        "Array([[ 0.91169995, -2.0004    ],\n       [ 0.49949998,  2.9113    ]], dtype=float32)",
+        "Array([[ 0.9      , -2.       ],\n       [ 0.5      ,  2.8999999]], dtype=float32)",
     ),
 )
 
