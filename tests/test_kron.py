@@ -917,12 +917,15 @@ for over in (None, "data"):
         opt.step()
     ends[over] = {k: np.asarray(p.data) for k, p in params.items()}
     states[over] = opt.state_dict()["state"]
+exact = jax.__version_info__ >= (0, 10)  # each device runs the one-device programs
 for k in init:
-    bound = sharded_bound(np.abs(ends[None][k]).max() + 1, np.float64, 6, terms=init[k].size)
+    bound = 0 if exact else sharded_bound(
+        np.abs(ends[None][k]).max() + 1, np.float64, 6, terms=init[k].size
+    )
     assert np.abs(ends[None][k] - ends["data"][k]).max() <= bound, k
 for i, entry in states[None].items():
     for a, b in zip(entry["Q"], states["data"][i]["Q"]):
-        assert np.abs(np.asarray(a) - np.asarray(b)).max() <= 1e-12, i
+        assert np.abs(np.asarray(a) - np.asarray(b)).max() <= (0 if exact else 1e-12), i
 print("OK")
 """
 
@@ -930,8 +933,9 @@ print("OK")
 @HOST_DEVICES
 def test_sharded_state_gives_the_one_device_numbers(tmp_path):
     """`shard_state_over` works with Kron (a rule over whole parameters: each state array
-    cut along its first axis where it divides by the 8 devices): the numbers of the
-    one-device compiled step within docs/distributed.md's bound for a rule that sums over
-    a parameter's elements in another order."""
+    kept cut along its first axis where it divides by the 8 devices, the parameters dealt
+    out whole to the devices for the step): the one-device compiled step's numbers, bit
+    for bit on the newest jax; on jax 0.4.35 within docs/distributed.md's bound for a rule
+    that sums over a parameter's elements in another order."""
     script = tmp_path / "kron_sharded.py"
     run_script(script, f"import sys; sys.path.insert(0, {str(TESTS)!r})\n" + _SHARDED_SCRIPT)

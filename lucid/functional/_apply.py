@@ -417,13 +417,21 @@ def stack_class(
 
 
 def apply_stacked(rule: Rule, flags: Mapping[str, Any], stacked: StackedClass) -> tuple[Array, Any]:
-    """`apply_leaf` on every member of ``stacked`` under ``jax.vmap``: the new values
-    and states, stacked as the class was."""
+    """`apply_leaf` on every member of ``stacked``: under ``jax.vmap`` for a rule that
+    batches here (`lucid._platform.batches`), else member by member (the per-parameter
+    programs, unrolled). Returns the new values and states, stacked as the class was."""
 
     def one(param: Array, grad: Array, state: Any, varying: dict[str, Array]) -> tuple:
         return apply_leaf(rule, flags, {**stacked.shared, **varying}, param, grad, state)
 
-    return jax.vmap(one)(stacked.params, stacked.grads, stacked.states, stacked.varying)
+    members = (stacked.params, stacked.grads, stacked.states, stacked.varying)
+    if _platform.batches(rule.execution):
+        return jax.vmap(one)(*members)
+    outs = [
+        one(*jax.tree_util.tree_map(lambda x, i=i: x[i], members))
+        for i in range(stacked.params.shape[0])
+    ]
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *outs)
 
 
 def _apply_batched(

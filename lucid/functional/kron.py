@@ -790,6 +790,7 @@ KRON = Rule(
     storage_dtype=True,
     execution=Execution(
         elementwise=False,
+        whole_per_device=True,
     ),
 )
 

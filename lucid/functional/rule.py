@@ -198,12 +198,13 @@ class Execution:
       fusion_sensitive: laid out by ``blocks``, the update's numbers equal the
         per-parameter ones only on an XLA that keeps its fusions apart (that of
         jax 0.10 or later); elsewhere each parameter keeps its own buffer.
-      whole_per_device: (for a ``batched`` rule) with state sharded over devices
-        (``shard_state_over``), same-shaped parameters are dealt out whole to the
-        devices, each device updating its own under ``jax.vmap`` with no collective
-        inside the update, rather than every parameter cut by rows with the collectives
-        a product over cut rows needs: for an update whose work is matrix products over
-        the whole parameter (Muon's Newton-Schulz iteration).
+      whole_per_device: (for a rule that is not elementwise) with state sharded over
+        devices (``shard_state_over``), same-shaped parameters are dealt out whole to the
+        devices, each device updating its own (under ``jax.vmap`` where ``batched``
+        holds, else one by one) with no collective inside the update, rather than every
+        parameter cut by rows with the collectives a product over cut rows needs: for an
+        update whose work is matrix products and decompositions over the whole parameter
+        (Muon's Newton-Schulz iteration; SOAP's, Shampoo's and Kron's preconditioners).
     """
 
     elementwise: bool = True

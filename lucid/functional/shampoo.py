@@ -241,6 +241,7 @@ SHAMPOO = Rule(
     supports_complex=False,
     execution=Execution(
         elementwise=False,
+        whole_per_device=True,
     ),
 )
 

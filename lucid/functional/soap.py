@@ -396,6 +396,7 @@ SOAP = Rule(
     supports_complex=False,
     execution=Execution(
         elementwise=False,
+        whole_per_device=True,
     ),
 )
 

@@ -86,12 +86,12 @@ def _apply_whole_per_device(
     rule: Rule, flags: dict, shard: RowShard, hypers: list, values, grads, states
 ) -> list[tuple[Any, Any]]:
     """Same-shaped parameters (one `batch_key` class), replicated, with sharded state, of a
-    rule that updates them whole (`Execution.whole_per_device`: Muon):
+    rule that updates them whole (`Execution.whole_per_device`: Muon, SOAP, Shampoo, Kron):
 
     [Step 1] the ``K`` members are stacked (`stack_class`) with zero matrices to make a
     multiple of the ``D`` devices of ``shard.axes``;
     [Step 2] device ``d`` takes members ``d·K'/D … (d+1)·K'/D - 1`` (``K'`` padded) whole,
-    and updates them under ``jax.vmap`` inside `shard_map`: no collective inside the
+    and updates them (`apply_stacked`) inside `shard_map`: no collective inside the
     update; the state moves from its rows (as it is kept) to these members and back;
     [Step 3] the new values are gathered to every device, once for the class.
 
