@@ -1,4 +1,6 @@
-"""SOAP and Shampoo with their state sharded over 8 host devices (`shard_state_over`).
+"""SOAP and Shampoo with their state sharded over 8 host devices (`shard_state_over`); the
+orbax checkpoint of Muon's sharded state too (Kron's loaded state restarts its counters and
+draws, as kron-torch's does: docs/optimizers/kron.md).
 
 Each parameter's state (moments, statistics, bases, roots) is kept spread over the mesh
 axis as any state of a rule over whole parameters is (cut by rows), and the step deals
@@ -106,16 +108,20 @@ CHECKPOINT = textwrap.dedent(
     for cls, options in [
         (lucid.optim.SOAP, {"precondition_frequency": 2}),
         (lucid.optim.Shampoo, {"matrix_eps": 0.1, "preconditioning_compute_steps": 2}),
+        (lucid.optim.Muon, {"adjust_lr_fn": "match_rms_adamw"}),
     ]:
+        matrices = cls is lucid.optim.Muon  # Muon takes matrices only
+        kept = [i for i, x in enumerate(init) if x.ndim == 2 or not matrices]
+
         def make():
-            params = [lucid.Parameter(jax.device_put(x, replicated)) for x in init]
+            params = [lucid.Parameter(jax.device_put(init[i], replicated)) for i in kept]
             opt = cls(params, lr=0.01, **options)
             lucid.compile_optimizer(opt, shard_state_over="data")
             return params, opt
 
         def step(params, opt, gs):
-            for p, g in zip(params, gs):
-                p.grad = jax.device_put(g, replicated)
+            for p, i in zip(params, kept):
+                p.grad = jax.device_put(gs[i], replicated)
             opt.step()
 
         first, saved = make()
