@@ -19,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -105,6 +106,29 @@ def run_script(path: Path, source: str, timeout: float = 240) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     env["XLA_FLAGS"] = " ".join(rendezvous_flags())
     run_host_program([str(path)], env, timeout)
+
+
+def record_step_programs(record: Callable[[Any], Any]) -> list:
+    """Make the compiled backend pass every step program it runs, lowered for that call's
+    arguments, through ``record`` (``record(lowered)``: its HLO text, its compiled form),
+    and return the list its results are appended to. For a subprocess script that reads
+    the programs' HLO; call it before any optimizer is compiled."""
+    from lucid.optim._engine import compiled
+
+    seen: list = []
+    real = compiled.step_program
+
+    def spy(rule: Any, plans: Any) -> Callable:
+        program = real(rule, plans)
+
+        def call(*args: Any) -> Any:
+            seen.append(record(program.lower(*args)))
+            return program(*args)
+
+        return call
+
+    compiled.step_program = spy
+    return seen
 
 
 def free_port() -> int:

@@ -372,21 +372,9 @@ SHARDED = textwrap.dedent(
     init = [rng.normal(size=(4, 6)).astype(np.float32) for _ in specs]
     grads = [[rng.normal(size=(4, 6)).astype(np.float32) for _ in specs] for _ in range(2)]
 
-    from lucid.optim._engine import compiled as compiled_module
+    from _distributed import record_step_programs
 
-    lowered = []
-    real = compiled_module.step_program
-
-    def spy(rule, plans):
-        run = real(rule, plans)
-
-        def traced(*args):
-            lowered.append(run.lower(*args).as_text())
-            return run(*args)
-
-        return traced
-
-    compiled_module.step_program = spy
+    lowered = record_step_programs(lambda program: program.as_text())
 
     def run(rule, compiled):
         lucid.optim.Muon.rule = rule

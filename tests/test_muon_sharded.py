@@ -46,28 +46,15 @@ PREAMBLE = textwrap.dedent(
     import jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import lucid
-    from lucid.optim._engine import compiled as engine
-    from _distributed import sharded_bound
+    from _distributed import record_step_programs, sharded_bound
 
     DEVICES = np.array(jax.devices())
     assert len(DEVICES) == 8, DEVICES
     MESH = Mesh(DEVICES, ("data",))
     MESH_2D = Mesh(DEVICES.reshape(4, 2), ("data", "model"))
 
-    # every step program the optimizers compile, as XLA compiled it
-    programs = []
-    step_program = engine.step_program
-
-    def spy(rule, plans):
-        program = step_program(rule, plans)
-
-        def call(*args):
-            programs.append(program.lower(*args).compile())
-            return program(*args)
-
-        return call
-
-    engine.step_program = spy
+    # every step program the optimizers run, as XLA compiled it
+    programs = record_step_programs(lambda lowered: lowered.compile())
 
     def collectives(compiled):
         pattern = r"(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
