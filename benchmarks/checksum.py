@@ -13,8 +13,10 @@ and records the SHA-256 of the parameters' bytes, the state_dict's arrays and it
 values. A run that raises records its error's type and message instead, so a refactor
 also keeps what it refuses. `--compare` lists every run whose digest differs (exit 1).
 
-Runs are spread over `--jobs` processes; the digests do not depend on that (each run is
-one process's deterministic XLA:CPU program).
+Runs are spread over `--jobs` processes, a fresh one for every `BATCH` runs (one process
+that compiles every run's programs runs out of memory maps: LLVM's "Cannot allocate
+memory" after some hundred runs); the digests do not depend on that (each run is one
+process's deterministic XLA:CPU program).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 STEPS = 20
+BATCH = 8  # runs per process
 FORMS = ("eager", "compiled", "fused")
 DTYPES = ("float32", "float64", "bfloat16")
 
@@ -187,10 +190,10 @@ def main() -> int:
     args = parser.parse_args()
 
     todo = [r for r in runs() if args.only in r[0]]
-    batches = [todo[k :: args.jobs] for k in range(args.jobs)]
+    batches = [todo[k : k + BATCH] for k in range(0, len(todo), BATCH)]
     context = multiprocessing.get_context("spawn")
     digests: dict[str, str] = {}
-    with context.Pool(args.jobs) as pool:
+    with context.Pool(args.jobs, maxtasksperchild=1) as pool:
         for part in pool.imap_unordered(_worker, batches):
             digests.update(part)
     digests = dict(sorted(digests.items()))
