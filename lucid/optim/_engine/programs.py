@@ -193,7 +193,9 @@ def apply_buckets(
     """The rule over every bucket (traced): new values and states.
 
     Buckets with sharded state (ZeRO-1: flat buckets of an elementwise rule, or one
-    parameter of another rule with its state cut by rows) are updated one by one;
+    parameter of another rule with its state cut by rows) are updated one by one, except
+    a class of whole parameters of an `Execution.whole_per_device` rule, which is dealt
+    out to the devices (`_apply_whole_per_device`);
     all others go to `apply_leaves` together, which for a ``batched`` rule updates
     same-shaped buckets (each one parameter of a rule that is not elementwise) in
     one batched call, their hyper-parameters stacked where the buckets' groups
