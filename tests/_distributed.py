@@ -25,6 +25,17 @@ import jax
 import numpy as np
 import pytest
 
+EIGHT_HOST_DEVICES = """
+import os
+flags = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+jax.config.update("jax_cpu_enable_async_dispatch", False)
+"""
+"""The opening of a subprocess script (`run_script`) that runs on 8 host CPU devices, one
+program at a time (see the module docstring)."""
+
 HOST_DEVICES = pytest.mark.machine_alone
 """Marks a test that runs several host devices or processes in subprocesses: under
 ``pytest -n`` it holds the machine alone (conftest.py's ``a_share_of_the_machine``).

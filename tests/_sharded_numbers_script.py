@@ -58,9 +58,6 @@ PARTS = {
     "torch-2": ("Adamax", "RAdam", "NAdam", "ASGD", "Rprop", "AdamWScheduleFree"),
     "whole": ("Adafactor", "Muon"),
 }
-WHOLE = {"Adafactor", "Muon"}  # rules over whole parameters (their state cut by rows)
-# Muon with sharded state deals whole matrices out to the devices (no product is split
-# over devices): within the elementwise bound, its momentum bit for bit
 # parameters of 0 to 16 elements: these alone in a group each (a flat buffer each: on 8
 # devices an empty piece, pieces of one element, padded pieces), the others in one
 ALONE = {0, 1, 2, 5, 8, 9, 16}
@@ -152,7 +149,9 @@ def bound(family, key, value, scale):
     if family == "Adafactor":  # its sums over a parameter of n elements: 4n more
         n = max(int(np.prod(s)) for s in shapes(family).values())
         return sharded_bound(scale, value.dtype, STEPS, n)
-    if family == "Muon" and " " in key:  # its momentum: the one-device numbers
+    # Muon with sharded state deals whole matrices out to the devices (no product is
+    # split over devices): its momentum is the one-device momentum bit for bit
+    if family == "Muon" and " " in key:
         return 0.0
     return sharded_bound(scale, value.dtype, STEPS)
 

@@ -22,16 +22,10 @@ from __future__ import annotations
 
 import textwrap
 
-from _distributed import HOST_DEVICES, run_script
+from _distributed import EIGHT_HOST_DEVICES, HOST_DEVICES, run_script
 
-SCRIPT = textwrap.dedent(
+SCRIPT = EIGHT_HOST_DEVICES + textwrap.dedent(
     """
-    import os
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
     import jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import lucid
@@ -86,14 +80,9 @@ def test_sharded_state_deals_whole_parameters_out_with_the_single_device_numbers
     run_script(tmp_path / "matrix_sharded.py", SCRIPT, timeout=400)
 
 
-CHECKPOINT = textwrap.dedent(
+CHECKPOINT = EIGHT_HOST_DEVICES + textwrap.dedent(
     """
-    import os, tempfile
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    import tempfile
     import jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import lucid

@@ -33,16 +33,11 @@ from __future__ import annotations
 
 import textwrap
 
-from _distributed import HOST_DEVICES, run_script
+from _distributed import EIGHT_HOST_DEVICES, HOST_DEVICES, run_script
 
-PREAMBLE = textwrap.dedent(
+PREAMBLE = EIGHT_HOST_DEVICES + textwrap.dedent(
     """
-    import os, re
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    import re
     import jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import lucid
