@@ -40,11 +40,15 @@ DTYPES = ("float32", "float64", "bfloat16")
 def _shapes(rule_name: str, dtype: str) -> list[list[tuple[int, ...]]]:
     """The parameters' shapes, per group (`tests/cases.py`'s threshold-crossing groups; the
     group of more parameters than one eager call holds only in float32, where it costs the
-    least to compile)."""
+    least to compile). The matrix optimizers take small matrices (and SOAP, Shampoo and
+    Kron a vector): a preconditioner of the threshold groups' 16385-element vector is a
+    16385 x 16385 matrix, decomposed at every step."""
     from cases import ACROSS_THRESHOLDS, MANY_SMALL, TINY_GROUP
 
     if rule_name == "Muon":  # matrices only
         return [[(3, 2), (64, 260), (4, 5), (129, 128)], [(2, 2), (5, 3)]]
+    if rule_name in ("SOAP", "Shampoo", "Kron"):
+        return [[(3, 2), (40, 24), (7,), (2, 3, 4)], [(2, 2), (5, 3)]]
     groups = [ACROSS_THRESHOLDS, TINY_GROUP]
     return [*groups, MANY_SMALL] if dtype == "float32" else groups
 
