@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import multiprocessing
 import os
@@ -71,7 +72,12 @@ def runs() -> list[tuple[str, str, dict[str, Any], str, str]]:
         if entry.reference == "torch.optim" and entry.name in seen:
             continue
         path = f"{entry.cls.__module__}.{entry.name}"
-        configs.append((f"{entry.reference}.{entry.name}", path, {}, True))
+        lr = inspect.signature(entry.cls).parameters.get("lr")
+        # a required lr (bitsandbytes' SGD and LARS, as theirs) is given one, with the
+        # momentum those refuse to run without
+        required = lr is not None and lr.default is lr.empty
+        options = {"lr": 0.01, "momentum": 0.9} if required else {}
+        configs.append((f"{entry.reference}.{entry.name}", path, options, True))
     return [
         (f"{key}|{form}|{dtype}", path, options, form, dtype)
         for key, path, options, half in configs
@@ -90,9 +96,11 @@ def _class(path: str) -> type:
 
 def _leaves(key: str, value: Any) -> list[tuple[str, Any]]:
     """A state entry's arrays with their dotted keys, nested mappings (bitsandbytes'
-    ``__bnb_optimizer_quant_state__``) entered in sorted order."""
+    ``__bnb_optimizer_quant_state__``) entered in sorted order and lists in theirs."""
     if isinstance(value, dict):
         return [leaf for name in sorted(value) for leaf in _leaves(f"{key}.{name}", value[name])]
+    if isinstance(value, list | tuple):  # a list of arrays of several shapes (SOAP's, Kron's)
+        return [leaf for i, item in enumerate(value) for leaf in _leaves(f"{key}.{i}", item)]
     return [(key, value)]
 
 
@@ -107,6 +115,9 @@ def _digest_of(params: list, opt: Any) -> str:
     sd = opt.state_dict()
     for index in sorted(sd["state"]):
         for key, value in _leaves(str(index), sd["state"][index]):
+            if value is None:  # an entry not yet filled (LBFGS' history)
+                h.update(f"{key}None".encode())
+                continue
             a = np.asarray(value)
             if a.dtype == object:  # its bytes would be pointers, different every run
                 raise TypeError(f"state entry {key} is no array: {type(value).__name__}")
@@ -135,7 +146,10 @@ def run_one(path: str, options: dict[str, Any], form: str, dtype: str) -> str:
     params = [p for ps in boxes for p in ps]
     closure_class = "Closure" in cls.__name__ or cls.__name__ == "LBFGS"
     try:
-        opt = cls([{"params": ps} for ps in boxes], **options)
+        # LBFGS takes one group (torch's refuses several)
+        opt = cls(
+            params if cls.__name__ == "LBFGS" else [{"params": ps} for ps in boxes], **options
+        )
         if hasattr(opt, "train"):
             opt.train()
         if form == "compiled":
@@ -189,11 +203,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="where to write the digests (JSON)")
     parser.add_argument("--compare", help="digests of an earlier run (JSON) to compare with")
-    parser.add_argument("--only", default="", help="run only ids containing this text")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="run only ids containing this text (or one of several, comma-separated)",
+    )
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
 
-    todo = [r for r in runs() if args.only in r[0]]
+    only = args.only.split(",")
+    todo = [r for r in runs() if any(text in r[0] for text in only)]
     batches = [todo[k : k + BATCH] for k in range(0, len(todo), BATCH)]
     context = multiprocessing.get_context("spawn")
     digests: dict[str, str] = {}
@@ -210,7 +229,7 @@ def main() -> int:
     with open(args.compare) as f:
         before = json.load(f)
     differing = [k for k in digests if k in before and before[k] != digests[k]]
-    missing = [k for k in before if k not in digests and args.only in k]
+    missing = [k for k in before if k not in digests and any(text in k for text in only)]
     for key in differing:
         print(f"DIFFERS {key}: {before[key][:60]} -> {digests[key][:60]}")
     for key in missing:
