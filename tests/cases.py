@@ -65,13 +65,13 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 
 
 # Parameter shapes on both sides of every threshold the engine lays parameters out by
-# (`lucid.optim._engine.eager`): an elementwise rule's parameters of at most SMALL elements
-# run laid end to end on the CPU, in pieces of at most SEGMENT bytes, in calls of at most
-# CHUNK members, each member's fields apart where XLA would run the call inline.
+# (`lucid.optim._engine.policy.EAGER`): an elementwise rule's parameters of at most `small`
+# elements run laid end to end on the CPU, in pieces of at most `piece_bytes`, in calls of
+# at most `chunk` members, each member's fields apart where XLA would run the call inline.
 def _thresholds() -> tuple[int, int, int]:
-    from lucid.optim._engine.eager import CHUNK, SEGMENT, SMALL
+    from lucid.optim._engine.policy import EAGER
 
-    return SMALL, SEGMENT, CHUNK
+    return EAGER.small, EAGER.piece_bytes, EAGER.chunk
 
 
 _SMALL, _SEGMENT, _CHUNK = _thresholds()

@@ -5,6 +5,8 @@ of structure, and keep torch's errors and numbers."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -15,7 +17,7 @@ from cases import CASES as ALL_CASES
 from cases import case_id
 
 import lucid
-from lucid.optim._engine import eager
+from lucid.optim._engine import eager, policy
 from lucid.optim._engine.eager import EagerBackend
 
 SHAPES = [(3, 2), (4,), (2, 2, 2), (5,)]
@@ -158,8 +160,14 @@ def test_planned_steps_follow_torch_through_changes_of_structure():
     step(6)
 
 
+def _tune(monkeypatch: pytest.MonkeyPatch, **changes: object) -> None:
+    """The eager backend's policy with ``changes`` for this test (thresholds crossed)."""
+    monkeypatch.setattr(policy, "EAGER", dataclasses.replace(policy.EAGER, **changes))
+
+
 FLAT_ONLY = pytest.mark.skipif(
-    not eager.FLAT, reason="flat calls are off with this jax (numbers differ in the last bit)"
+    not policy.EAGER.flat,
+    reason="flat calls are off with this jax (numbers differ in the last bit)",
 )
 
 
@@ -192,13 +200,13 @@ def test_parameters_laid_end_to_end_equal_per_parameter_calls_bit_for_bit(
     name, options, monkeypatch
 ):
     """An elementwise rule's small parameters run laid end to end (in calls of at
-    most CHUNK); the numbers are those of the per-parameter program (every parameter
+    most `Policy.chunk`); the numbers are those of the per-parameter program (every parameter
     its own update), through a missing gradient (states whose steps then differ)."""
     runs = []
     # per parameter; flat, each group in calls of 2; flat, both groups in one call
-    for small, chunk in ((-1, eager.CHUNK), (eager.SMALL, 2), (eager.SMALL, eager.CHUNK)):
-        monkeypatch.setattr(eager, "SMALL", small)
-        monkeypatch.setattr(eager, "CHUNK", chunk)
+    most, calls = policy.EAGER.small, policy.EAGER.chunk
+    for small, chunk in ((-1, calls), (most, 2), (most, calls)):
+        _tune(monkeypatch, small=small, chunk=chunk)
         params, opt = _lucid(name, options, np.float32)
         for k in range(4):
             _set_grads(params, k, np.float32, missing=0 if k == 1 else None)
@@ -233,8 +241,8 @@ def test_many_parameters_in_one_flat_call_equal_per_parameter_calls_bit_for_bit(
     start = [rng.normal(size=s).astype(np.float32) for s in shapes]
     grads = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(2)]
     runs = []
-    for small in (-1, eager.SMALL):
-        monkeypatch.setattr(eager, "SMALL", small)
+    for small in (-1, policy.EAGER.small):
+        _tune(monkeypatch, small=small)
         params = [lucid.Parameter(jnp.asarray(v)) for v in start]
         groups = [{"params": params[:25]}, {"params": params[25:], "lr": options["lr"] / 3}]
         opt = getattr(lucid.optim, name)(groups, **options)
@@ -259,8 +267,8 @@ def test_many_parameters_in_one_flat_call_equal_per_parameter_calls_bit_for_bit(
 )
 def test_a_large_group_of_small_parameters_steps_in_few_calls(name, options, monkeypatch):
     """A group of n small parameters of an elementwise rule on one device runs in
-    ceil(n / CHUNK) executable calls per step, planned once: no call per parameter."""
-    monkeypatch.setattr(eager, "CHUNK", 16)
+    ceil(n / chunk) executable calls per step, planned once: no call per parameter."""
+    _tune(monkeypatch, chunk=16)
     params = [lucid.Parameter(jnp.full((3,), i, jnp.float32)) for i in range(100)]
     opt = getattr(lucid.optim, name)([{"params": params[:60]}, {"params": params[60:]}], **options)
     for p in params:
@@ -340,7 +348,7 @@ def test_a_group_in_one_call_equals_calls_of_one_parameter_bit_for_bit(name, opt
 def test_flat_state_in_pieces_or_apart_equals_per_parameter_calls_bit_for_bit(
     name, options, inline, monkeypatch
 ):
-    """A flat call keeps each state field in pieces of at most SEGMENT bytes (here
+    """A flat call keeps each state field in pieces of at most `Policy.piece_bytes` (here
     several pieces of several members), or, where XLA would run the call inline, every
     member's fields apart; either way the numbers are the per-parameter program's."""
     rng = np.random.default_rng(2)
@@ -348,9 +356,9 @@ def test_flat_state_in_pieces_or_apart_equals_per_parameter_calls_bit_for_bit(
     start = [rng.normal(size=s).astype(np.float32) for s in shapes]
     grads = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(3)]
     runs = []
-    for small in (-1, eager.SMALL):
-        monkeypatch.setattr(eager, "SMALL", small)
-        monkeypatch.setattr(eager, "INLINE_FLOPS", np.inf if inline else 0)
+    for small in (-1, policy.EAGER.small):
+        _tune(monkeypatch, small=small)
+        _tune(monkeypatch, inline_flops=np.inf if inline else 0)
         params = [lucid.Parameter(jnp.asarray(v)) for v in start]
         opt = getattr(lucid.optim, name)([{"params": params}], **options)
         for k in range(3):
@@ -362,8 +370,8 @@ def test_flat_state_in_pieces_or_apart_equals_per_parameter_calls_bit_for_bit(
             for batch in batches:
                 if inline:
                     assert batch.layout.starts == tuple(range(len(batch.params)))
-                for a, b, _ in batch.layout.pieces:  # at most SEGMENT bytes
-                    assert sum(p.size * 4 for p in batch.params[a:b]) <= eager.SEGMENT
+                for a, b, _ in batch.layout.pieces:  # at most piece_bytes
+                    assert sum(p.size * 4 for p in batch.params[a:b]) <= policy.EAGER.piece_bytes
             if not inline:  # somewhere several pieces of several members
                 assert any(1 < len(b.layout.starts) < len(b.params) for b in batches)
         runs.append(
@@ -394,7 +402,7 @@ def test_a_small_sgd_step_runs_in_one_call_xla_runs_inline():
     assert batch.layout.starts == tuple(range(10))
     analysis = call.run.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, list) else analysis
-    assert analysis["flops"] < eager.INLINE_FLOPS
+    assert analysis["flops"] < policy.EAGER.inline_flops
 
 
 @FLAT_ONLY
@@ -427,7 +435,7 @@ def test_a_wrong_gradient_in_a_later_call_raises_and_changes_nothing(monkeypatch
     the states and values of the calls before it as they were (the step's other calls
     donate nothing, so the checking path still has their inputs). Compared with a
     twin stepped alike, so that no state is read (and cached) before the refusal."""
-    monkeypatch.setattr(eager, "CHUNK", 1)  # a call per parameter
+    _tune(monkeypatch, chunk=1)  # a call per parameter
     (params, opt), (twin_params, twin) = (_lucid("Adam", {"lr": 0.01}, np.float32) for _ in "ab")
     for k in range(2):
         for ps, o in ((params, opt), (twin_params, twin)):
@@ -459,8 +467,8 @@ def test_zero_dimensional_parameters_in_a_flat_call_equal_per_parameter_calls(
     """0-d parameters next to 1-d ones (the inline estimate tells a 0-d parameter's
     state fields from its rule's 0-d ``step``): the per-parameter program's numbers."""
     runs = []
-    for small in (-1, eager.SMALL):
-        monkeypatch.setattr(eager, "SMALL", small)
+    for small in (-1, policy.EAGER.small):
+        _tune(monkeypatch, small=small)
         params = [lucid.Parameter(jnp.asarray(v, jnp.float32)) for v in (0.5, [1.0, -2.0], -1.5)]
         opt = getattr(lucid.optim, name)(params, **options)
         for k in range(3):

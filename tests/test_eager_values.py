@@ -18,12 +18,13 @@ import torch
 
 import lucid
 from lucid._storage import OwnArrays
-from lucid.optim._engine import eager
+from lucid.optim._engine import policy
 from lucid.optim._engine.flat_store import FlatStore
 from lucid.optim._engine.pieces import PieceStore
 
 FLAT_ONLY = pytest.mark.skipif(
-    not eager.FLAT, reason="flat calls are off with this jax (numbers differ in the last bit)"
+    not policy.EAGER.flat,
+    reason="flat calls are off with this jax (numbers differ in the last bit)",
 )
 SHAPES = [(3,), (2, 2), (5,), ()] * 10  # 40 parameters: several pieces, one call
 SGD = {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}

@@ -3,7 +3,7 @@ one flax.nnx model in float32, one optimized eagerly and one compiled (from the 
 at a random point), through the same random training loop, and requires them to be equal
 bit for bit after every operation.
 
-The model's parameters cross the engine's size thresholds (an embedding above `SMALL`
+The model's parameters cross the engine's size thresholds (an embedding above `Policy.small`
 elements, biases one element above a piece, kernels in between) and sit in several groups
 chosen by name, as a port of nanoGPT puts them; the loop mixes `lucid.backward`
 (accumulating), `clip_grad_norm_` over the parameters in the model's order, in the groups'
@@ -32,7 +32,7 @@ import lucid.functional as LF
 # tested on their own)
 CLASSES = list(dict.fromkeys(name for name, _ in CASES))
 OPTION_SETS = {name: [opts for n, opts in CASES if n == name] for name in CLASSES}
-VOCAB, WIDTH, HIDDEN, OUT = 130, 128, 33, 129  # embedding 16640 > SMALL; OUT = a piece + 1
+VOCAB, WIDTH, HIDDEN, OUT = 130, 128, 33, 129  # embedding 16640 > small; OUT = a piece + 1
 BATCH = 8
 
 

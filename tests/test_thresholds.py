@@ -2,12 +2,12 @@
 in every form, over several steps.
 
 The engine lays parameters out by size, byte count, count and dtype: an elementwise rule's
-parameters of at most `SMALL` elements run laid end to end on the CPU, in pieces of at most
-`SEGMENT` bytes, in calls of at most `CHUNK` members, kept apart when the call is cheap
-enough for XLA to run inline; larger ones (and a rule that reduces over a parameter) run
-per parameter; the compiled step lays a group out in flat buffers. A bug that lives between
-two of those (a small parameter before a large one crashed the second eager step) is
-caught only by parameters on both sides of each, in one group, in mixed orders, stepped
+parameters of at most `Policy.small` elements run laid end to end on the CPU, in pieces of
+at most `Policy.piece_bytes`, in calls of at most `Policy.chunk` members, kept apart when the
+call is cheap enough for XLA to run inline; larger ones (and a rule that reduces over a
+parameter) run per parameter; the compiled step lays a group out in flat buffers. A bug that
+lives between two of those (a small parameter before a large one crashed the second eager
+step) is caught only by parameters on both sides of each, in one group, in mixed orders, stepped
 more than once, with gradients that come and go. These tests are that input, for every
 optimizer and option set of `tests/cases.py`, against live torch.
 

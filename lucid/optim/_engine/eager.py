@@ -6,8 +6,8 @@ states with, so compiling changes speed, never numbers.
 
 A step costs what its host code costs when the arrays are small, and on the
 host every array a call takes, and more every array it returns, costs time of
-its own. So, on the CPU (with jax 0.10 or later: `FLAT`), an elementwise rule's
-small parameters (at most `SMALL` elements) whose states share a structure run
+its own. So, on the CPU (with jax 0.10 or later: `Policy.flat`), an elementwise rule's
+small parameters (at most `Policy.small` elements) whose states share a structure run
 *laid end to end* (`flat_program`): a call takes their values and gradients,
 lays them end to end inside the program and applies the rule to the flat
 buffers; their values and states stay flat between steps (a 0-d field such as
@@ -17,8 +17,8 @@ cuts them per parameter only when read. A member that lives in another live
 optimizer's storage keeps it: its call takes its value and gives it back cut.
 Elementwise math gives every element its own parameter's numbers, bit for bit
 as XLA compiles it in jax 0.10 (the tests check every elementwise family against
-the per-parameter program; older XLA differs in the last bit, hence `FLAT`).
-Such calls hold at most `CHUNK` parameters (XLA compiles each cut as a kernel of
+the per-parameter program; older XLA differs in the last bit, hence `Policy.flat`).
+Such calls hold at most `Policy.chunk` parameters (XLA compiles each cut as a kernel of
 its own; calls of the same shapes share one executable); the last call of a step
 donates its flat state buffers and value pieces to the new ones (the backend's
 own: `states()` and a store's reads copy; only the last, since a call refused for
@@ -30,13 +30,13 @@ follows them. It runs a program's kernels one after another only when the
 program has at most 8 of them or none of its buffers exceeds 512 bytes, and
 otherwise hands them to its thread pool (about 1.6 us more per kernel, and a
 call has a kernel per parameter): so each flat state field is held in pieces of
-at most `SEGMENT` bytes (`FlatLayout.starts`). And it runs a program on the
+at most `Policy.piece_bytes` bytes (`FlatLayout.starts`). And it runs a program on the
 calling thread only when its cost analysis counts under 1000 floating-point
 operations, and otherwise on a pool thread that the step must then wait for
 (tens of microseconds on a busy machine); that analysis counts each cut of a
 flat buffer as the whole buffer's work, so a call the analysis would otherwise
 put under the threshold (its parameters' elements times the update's operations
-per element, `_update_flops`, below `INLINE_FLOPS`) keeps each member's fields
+per element, `_update_flops`, below `Policy.inline_flops`) keeps each member's fields
 apart (pieces of one). `states()` cuts the flat states per parameter on demand,
 once per step. Other parameters (a rule that is not elementwise, a large or
 sharded parameter, a sparse gradient) run through `group_program`, one call per
@@ -59,7 +59,7 @@ import functools
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +67,6 @@ import numpy as np
 
 from ..._arrays import device_domain
 from ..._parameter import Parameter, grads_of, located_in, set_values, values_of
-from ..._platform import FLAT_EXACT
 from ..._storage import check_grad
 from ...functional._apply import (
     apply_leaf,
@@ -77,27 +76,12 @@ from ...functional._apply import (
     is_sparse,
 )
 from ...functional.rule import Rule
+from . import policy
 from .interface import Group
 from .layout import join_views, views_of
 from .pieces import FlatLayout, PieceStore, flat_piece, free, held_piece, joiner
 from .programs import PROGRAMS_KEPT, jit_placed
 from .state import begin, packed_hyper
-
-# an elementwise rule's parameters of at most SMALL elements run laid end to end, in
-# calls of at most CHUNK parameters: XLA compiles every output of a program (a cut of
-# the flat buffer) as a kernel of its own, so a call's compile time grows with its
-# parameters, while calls of the same shapes share one executable
-SMALL = 1 << 14
-CHUNK = 128
-# XLA:CPU runs a program's kernels one after another (not through its thread pool)
-# when none of its buffers exceeds 512 bytes, and the whole program on the calling
-# thread when its cost analysis counts fewer than 1000 floating-point operations
-SEGMENT = 512
-INLINE_FLOPS = 1000
-# laid end to end, a rule's numbers are the per-parameter program's bit for bit only
-# where `lucid._platform.FLAT_EXACT` says so (tests/test_eager_plan.py checks every
-# elementwise family); elsewhere every parameter keeps its own program
-FLAT = FLAT_EXACT
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -117,9 +101,20 @@ def group_program(
     return jit_placed(rule, run, 1)
 
 
-# a flat call's part for one group: its static flags, hyper-parameter names, layout,
-# and whether its values arrive (and leave) as the pieces of a `PieceStore`
-Segment = tuple[tuple[tuple[str, Any], ...], tuple[str, ...], FlatLayout, bool]
+class Segment(NamedTuple):
+    """A flat call's part for one group (hashable: part of `flat_program`'s key).
+
+    Attributes:
+      flags: the group's static options, sorted ``(name, value)`` pairs.
+      names: the hyper-parameters' names, in vector order.
+      layout: how the members lie in the flat buffers.
+      held: the values arrive (and leave) as the pieces of a `PieceStore`.
+    """
+
+    flags: tuple[tuple[str, Any], ...]
+    names: tuple[str, ...]
+    layout: FlatLayout
+    held: bool
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
@@ -175,7 +170,7 @@ def flat_program(rule: Rule, segments: tuple[Segment, ...], donate: bool = False
     # with ``donate``, the flat state buffers (the backend's own, made by `_state_joiner`
     # or a step) give their memory to the new ones, and so do the values where every
     # segment's are a store's pieces (the store's own: `joiner` copies, a read cuts)
-    held = all(segment[3] for segment in segments)
+    held = all(segment.held for segment in segments)
     return jax.jit(run, donate_argnums=(1, 3) if held else 3)
 
 
@@ -297,11 +292,12 @@ def _update_flops(
 
 def _starts(params: Sequence[Parameter]) -> tuple[int, ...]:
     """Where the pieces of a flat call's buffers start: each piece holds consecutive
-    members, at most `SEGMENT` bytes of them (a larger member: a piece of its own)."""
-    starts, size = [], SEGMENT
+    members, at most `Policy.piece_bytes` of them (a larger member: a piece of its own)."""
+    limit = policy.EAGER.piece_bytes
+    starts, size = [], limit
     for i, p in enumerate(params):
         nbytes = p.size * np.dtype(p.dtype).itemsize
-        if not starts or size + nbytes > SEGMENT:  # the first member opens a piece
+        if not starts or size + nbytes > limit:  # the first member opens a piece
             starts.append(i)
             size = 0
         size += nbytes
@@ -368,6 +364,40 @@ class _Batch:
                 self.vector = jax.device_put(np.asarray(values, self.dtype), self.place)
             self.values = values
         return self.vector
+
+
+class Arguments(NamedTuple):
+    """What one executable call of a step takes: for a `_Batch`, its hyper-parameter
+    vector, its members' values, gradients and states; for a `_Call`, one list of each,
+    an entry per flat batch."""
+
+    vector: Any
+    values: Any
+    grads: Any
+    states: Any
+
+
+class Work(NamedTuple):
+    """One executable call of a step: ``run(*arguments)`` updates ``unit`` (a `_Batch`
+    through `group_program`, or a `_Call` of flat batches through `flat_program`)."""
+
+    run: Callable
+    unit: Any
+    arguments: Arguments
+
+
+class _Flat(NamedTuple):
+    """A flat batch while the checking path plans: where its members live, the batch,
+    its arguments, its segment's flags and names with the state's field names, and the
+    floating-point operations of its update (XLA:CPU's inline threshold)."""
+
+    domain: Any
+    batch: Any
+    arguments: Arguments
+    flags: tuple[tuple[str, Any], ...]
+    names: tuple[str, ...]
+    fields: tuple[str, ...]
+    flops: float
 
 
 class _Call:
@@ -469,23 +499,18 @@ class EagerBackend:
             try:
                 # the executables check every array's shape, dtype and placement
                 # before running; nothing is written until every call has returned
-                results = [
-                    run(vector, values, grads, state)
-                    for run, _, vector, values, grads, state in work
-                ]
+                results = [item.run(*item.arguments) for item in work]
             except (TypeError, ValueError):  # not the arrays they were compiled for
                 work = None
         if work is None:
             self._plans = None
             self._unpack()
             work, plans = self._plan(groups)
-            results = [
-                program(vector, values, grads, state)
-                for program, _, vector, values, grads, state in work
-            ]
+            results = [item.run(*item.arguments) for item in work]
             self._plans = self._compile(plans, work)
             store = self._states
-            self._packed = [b for _, unit, *_ in work if type(unit) is _Call for b in unit.batches]
+            calls = [item.unit for item in work if type(item.unit) is _Call]
+            self._packed = [b for call in calls for b in call.batches]
             for batch in self._packed:
                 for p in batch.params:
                     store.pop(p, None)
@@ -493,7 +518,7 @@ class EagerBackend:
         # write back
         store = self._states
         for item, (new_values, new_states) in zip(work, results):
-            unit = item[1]
+            unit = item.unit
             if type(unit) is _Call:
                 for batch, values, state in zip(unit.batches, new_values, new_states):
                     if batch.store is not None:
@@ -519,7 +544,7 @@ class EagerBackend:
         batch.store = store
         self._stores.append(store)
 
-    def _replan(self, groups: Sequence[Group]) -> list[tuple] | None:
+    def _replan(self, groups: Sequence[Group]) -> list[Work] | None:
         """The calls of a step whose structure is the last step's (``None`` if it is not
         certainly so): per batch, the executable, the batch, the hyper-parameter
         vector, the parameters' values, their gradients and states."""
@@ -527,8 +552,8 @@ class EagerBackend:
         if plans is None or len(plans) != len(groups):
             return None
         states = self._states
-        work = []
-        flat: list[tuple] = [()] * len(self._packed)
+        work: list[Work] = []
+        flat: list[Any] = [None] * len(self._packed)
         for group, plan in zip(groups, plans):
             names, values, flags = group.hyper
             params = group.params
@@ -554,39 +579,34 @@ class EagerBackend:
                         members = store.pieces
                     else:  # a member moved out (a value of another shape, say)
                         return None
-                    flat[batch.slot] = (vector, members, batch_grads, batch.state)
+                    flat[batch.slot] = Arguments(vector, members, batch_grads, batch.state)
                     continue
                 vector = np.asarray(values, batch.dtype)
-                work.append(
-                    (
-                        batch.run,
-                        batch,
-                        vector,
-                        values_of(batch.params),
-                        batch_grads,
-                        [states[p] for p in batch.params],
-                    )
+                arguments = Arguments(
+                    vector, values_of(batch.params), batch_grads, [states[p] for p in batch.params]
                 )
+                work.append(Work(batch.run, batch, arguments))
         for call in self._calls:
             batches = call.batches
             if len(batches) == 1:
                 vector, values_, grads_, state = flat[batches[0].slot]
-                work.append((call.run, call, [vector], [values_], [grads_], [state]))
+                work.append(Work(call.run, call, Arguments([vector], [values_], [grads_], [state])))
                 continue
             parts = [flat[b.slot] for b in batches]
-            work.append((call.run, call, *(list(x) for x in zip(*parts))))
+            work.append(Work(call.run, call, Arguments(*(list(x) for x in zip(*parts)))))
         return work
 
-    def _plan(self, groups: Sequence[Group]) -> tuple[list[tuple], list[_Plan | None]]:
+    def _plan(self, groups: Sequence[Group]) -> tuple[list[Work], list[_Plan | None]]:
         """The checking path: every gradient checked, states begun (may raise, before
         anything moved), the calls planned; the plans are ``None`` where a step must
         always take this path (sparse gradients: their indices are checked at every
         step)."""
         rule = self.rule
-        work = []
+        tuning = policy.EAGER
+        work: list[Work] = []
         plans = []
-        flat: list[tuple] = []  # (domain, batch, arguments) of the flat batches
-        calls_args: list[tuple[_Call, list[tuple]]] = []
+        flat: list[_Flat] = []
+        calls_args: list[tuple[_Call, list[_Flat]]] = []
         for group in groups:
             all_params = list(group.params)
             grads = [p.grad for p in all_params]
@@ -616,15 +636,15 @@ class EagerBackend:
             calls: dict[Any, list[int]] = {}
             for i, p in enumerate(params):
                 kind = None
-                if FLAT and not sparse and p.size <= SMALL:
+                if tuning.flat and not sparse and p.size <= tuning.small:
                     kind = _flat_kind(rule, states[i], p.data)
                 members = calls.setdefault((device_domain(p.data), kind), [])
                 members.append(i)
             for key_, members in list(calls.items()):
-                if key_[1] is not None and len(members) > CHUNK:
+                if key_[1] is not None and len(members) > tuning.chunk:
                     del calls[key_]
-                    for k in range(0, len(members), CHUNK):
-                        calls[(*key_, k)] = members[k : k + CHUNK]
+                    for k in range(0, len(members), tuning.chunk):
+                        calls[(*key_, k)] = members[k : k + tuning.chunk]
             wide = set()
             for (domain, *_), members in calls.items():
                 if any(compute_dtype(params[i].dtype) == np.float64 for i in members):
@@ -639,74 +659,76 @@ class EagerBackend:
                     None,
                 )
                 batches_.append(batch)
-                args = (
+                args = Arguments(
                     np.asarray(values, dtype),
                     [p.data for p in batch.params],
                     [grads[positions[i]] for i in members],
                     member_states,
                 )
                 if kind is None:
-                    work.append((program, batch, *args))
+                    work.append(Work(program, batch, args))
                 else:
                     first = members[0]
                     flops = sum(p.size for p in batch.params) * _update_flops(
-                        rule, key, names, args[0], params[first].data, states[first]
+                        rule, key, names, args.vector, params[first].data, states[first]
                     )
-                    flat.append((domain, batch, args, (key, names, states[first]._fields), flops))
-        # the flat batches in calls of at most CHUNK parameters, per device domain, in
+                    fields = states[first]._fields
+                    flat.append(_Flat(domain, batch, args, key, names, fields, flops))
+        # the flat batches in calls of at most `Policy.chunk` parameters, per device domain, in
         # order (several small groups share one call)
         self._calls = []
-        open_calls: dict[Any, tuple[_Call, list[tuple]]] = {}
-        for slot, (domain, batch, *rest) in enumerate(flat):
+        open_calls: dict[Any, tuple[_Call, list[_Flat]]] = {}
+        for slot, entry in enumerate(flat):
+            batch = entry.batch
             batch.slot = slot
-            current = open_calls.get(domain)
+            current = open_calls.get(entry.domain)
             if (
                 current is None
-                or sum(len(b.params) for b in current[0].batches) + len(batch.params) > CHUNK
+                or sum(len(b.params) for b in current[0].batches) + len(batch.params) > tuning.chunk
             ):
                 current = (_Call([]), [])
-                open_calls[domain] = current
+                open_calls[entry.domain] = current
                 self._calls.append(current[0])
                 calls_args.append(current)
             current[0].batches.append(batch)
-            current[1].append(rest)
+            current[1].append(entry)
         for call, parts in calls_args:
             # a call XLA:CPU would run inline (on this thread) keeps every member's state
             # fields apart (XLA counts a cut of a flat buffer as the whole buffer's work)
-            inline = sum(flops for *_, flops in parts) < INLINE_FLOPS
+            inline = sum(entry.flops for entry in parts) < tuning.inline_flops
             arguments = []
-            for batch, ((vector, values_, grads_, member_states), (key, names, fields), _) in zip(
-                call.batches, parts
-            ):
+            for batch, entry in zip(call.batches, parts):
+                vector, values_, grads_, member_states = entry.arguments
                 layout = FlatLayout(
                     tuple(tuple(p.shape) for p in batch.params),
-                    tuple(name in rule.fields.scalar for name in fields),
+                    tuple(name in rule.fields.scalar for name in entry.fields),
                     tuple(range(len(batch.params))) if inline else _starts(batch.params),
                 )
                 batch.layout = layout
                 # the values go to a store of this backend's, unless a member lives in
                 # another live optimizer's storage (then it is read and written there)
                 batch.held = all(free(p.location[0]) for p in batch.params)
-                batch.segment = (key, names, layout, batch.held)
+                batch.segment = Segment(entry.flags, entry.names, layout, batch.held)
                 batch.place = values_[0].sharding
                 if batch.held:
                     values_ = joiner(layout)(values_)
-                arguments.append((vector, values_, grads_, _state_joiner(layout)(member_states)))
+                joined = _state_joiner(layout)(member_states)
+                arguments.append(Arguments(vector, values_, grads_, joined))
             segments = tuple(b.segment for b in call.batches)
             # donated: this path's flat states and pieces are new copies (`self._states`
             # is not touched until every call has returned)
             program = flat_program(rule, segments, True)
-            work.append((program, call, *(list(x) for x in zip(*arguments))))
+            work.append(Work(program, call, Arguments(*(list(x) for x in zip(*arguments)))))
         return work, plans
 
-    def _compile(self, plans: list[_Plan | None], work: list[tuple]) -> list[_Plan] | None:
+    def _compile(self, plans: list[_Plan | None], work: list[Work]) -> list[_Plan] | None:
         """The plans for the next step, their executables the programs this step ran,
         compiled for its arrays (jax's caches make this a look-up); ``None`` where a
         group must take the checking path at every step."""
         if any(plan is None for plan in plans):
             return None
         last = len(work) - 1
-        for k, (program, unit, *args) in enumerate(work):
+        for k, (program, unit, args) in enumerate(work):
             if type(unit) is _Call and k != last:
                 # only a step's last call donates its states: a call refused for its
                 # arguments (a gradient of another shape, say) runs nothing, so the

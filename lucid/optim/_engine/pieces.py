@@ -47,7 +47,7 @@ class FlatLayout(NamedTuple):
     shapes, in order, which state fields hold one 0-d value for all of them (the
     rule's ``scalar_state``; every other field is laid out as the values), and where
     the pieces start: a flat field is one buffer per piece (``starts``: each piece's
-    first member), so that no buffer of a call of small parameters exceeds `SEGMENT`
+    first member), so that no buffer of a call of small parameters exceeds `Policy.piece_bytes`
     bytes. Hashable (a program's key); ``join_field`` and ``split_field`` (and the
     states' ``join_states`` and ``split_states``) are traceable and inverse to each
     other. It is also the `lucid._storage.BufferLayout` of a `PieceStore`, whose
