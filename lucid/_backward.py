@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._parameter import Parameter
-from ._storage import Storage
+from ._storage import Storage, cut_views, run_time_offsets
 
 
 class Traced(NamedTuple):
@@ -195,11 +195,15 @@ def _value_and_grads(
     buffers: list,
     arrays: list,
     has_aux: bool = False,
+    offsets: tuple | None = None,
 ) -> tuple[Any, list]:
     """Loss (as ``loss_fn`` returned it: ``(loss, aux)`` with ``has_aux``) and
     gradients w.r.t. every storage's buffer (through per-parameter views, so no
-    gradient is taken through a slice of a large buffer)."""
+    gradient is taken through a slice of a large buffer). ``offsets``: per buffer, the
+    run-time offsets its views are cut at (`lucid._storage.run_time_offsets`), or
+    ``None`` (every view cut at constant offsets)."""
     layouts = static[3]
+    offsets = (None,) * len(layouts) if offsets is None else offsets
 
     def loss_of(views: list) -> tuple[jax.Array, Any]:
         tree, args, kwargs = rebuild_from_views(static, views, arrays)
@@ -207,7 +211,7 @@ def _value_and_grads(
         loss, _ = split_aux(out, has_aux)
         return one_element(loss), out
 
-    views = [layout.split(buffer) for buffer, layout in zip(buffers, layouts)]
+    views = list(map(cut_views, buffers, layouts, offsets))
     (_, out), view_grads = jax.value_and_grad(loss_of, has_aux=True)(views)
     return out, [layout.join(g) for g, layout in zip(view_grads, layouts)]
 
@@ -230,13 +234,14 @@ def rebuild_from_views(static: tuple, views: list, arrays: list) -> tuple[Any, t
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def loss_program(loss_fn: Callable[..., Any], static: tuple, has_aux: bool = False) -> Callable:
-    """``(buffers, arrays) -> (loss, grads)`` for one loss function and call structure,
-    jitted. A bounded cache of programs of their own, rather than one ``jax.jit`` with
-    static arguments: jax would keep thousands of compiled executables (one per new
-    ``lambda``, ~1.5 MB each on CPU), while an evicted program here frees its own."""
+    """``(buffers, offsets, arrays) -> (loss, grads)`` for one loss function and call
+    structure, jitted (``offsets``: `_value_and_grads`'). A bounded cache of programs of
+    their own, rather than one ``jax.jit`` with static arguments: jax would keep
+    thousands of compiled executables (one per new ``lambda``, ~1.5 MB each on CPU),
+    while an evicted program here frees its own."""
 
-    def run(buffers: list, arrays: list) -> tuple[jax.Array, list]:
-        return _value_and_grads(loss_fn, static, buffers, arrays, has_aux)
+    def run(buffers: list, offsets: tuple, arrays: list) -> tuple[jax.Array, list]:
+        return _value_and_grads(loss_fn, static, buffers, arrays, has_aux, offsets)
 
     return jax.jit(run)
 
@@ -272,7 +277,9 @@ def value_and_grads(
     except TypeError:  # an argument that cannot be hashed: evaluated eagerly
         loss, grads = _value_and_grads(loss_fn, traced.static, buffers, arrays, has_aux)
     else:
-        loss, grads = run(buffers, arrays)
+        # flat buffers cut at run-time offsets: one compiled cut per distinct shape
+        offsets = tuple(map(run_time_offsets, traced.static[3], buffers))
+        loss, grads = run(buffers, offsets, arrays)
     if len(domains) > 1:
         grads = [
             jax.tree_util.tree_map(lambda g, b: jax.device_put(g, b.sharding), g, b)

@@ -22,6 +22,9 @@ import pytest
 
 import lucid
 from lucid._backward import loss_program, partition
+from lucid._platform import CUT_AT_RUN_TIME
+from lucid._storage import run_time_offsets
+from lucid.nn import utils as clip_utils
 from lucid.optim._engine import programs
 
 NOT_KERNELS = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
@@ -53,17 +56,51 @@ def separate_ops(n: int) -> tuple[list[str], str]:
     return ops(program.lower(values, consts).compile().as_text())
 
 
-def backward_ops(n: int) -> tuple[list[str], str]:
+def compiled_model(n: int):
+    """``model(n)`` with a compiled optimizer that has stepped: the parameters in one
+    flat store, their gradients in its flat buffer."""
     params, consts = model(n)
     opt = lucid.optim.Adam(params, lr=1e-3)
     lucid.compile_optimizer(opt)
     opt.zero_grad()
     lucid.backward(loss_fn, params, consts)
     opt.step()  # the parameters now live in one flat store
+    lucid.backward(loss_fn, params, consts)
+    return params, consts
+
+
+def backward_text(n: int) -> str:
+    """The optimized HLO of ``lucid.backward``'s program over ``n`` flat parameters."""
+    params, consts = compiled_model(n)
     traced = partition(params, (consts,), {})
     assert len(traced.storages) == 1 and len(traced.buffers[0].shape) == 1
     program = loss_program(loss_fn, traced.static, False)
-    return ops(program.lower(traced.buffers, traced.arrays).compile().as_text())
+    offsets = tuple(map(run_time_offsets, traced.static[3], traced.buffers))
+    return program.lower(traced.buffers, offsets, traced.arrays).compile().as_text()
+
+
+def backward_ops(n: int) -> tuple[list[str], str]:
+    return ops(backward_text(n))
+
+
+def clip_text(n: int) -> str:
+    """The optimized HLO of ``clip_grad_norm_``'s program over ``n`` flat gradients."""
+    params, _ = compiled_model(n)
+    grads = clip_utils._Gradients(params, "clip_grad_norm_")
+    assert len(grads.arrays) == 1  # the store's whole gradient buffer
+    offsets = clip_utils._offsets(grads.arrays, grads.layouts)
+    max_norm = jnp.asarray(1.0)
+    lowered = clip_utils._clipped_by_norm.lower(
+        grads.arrays, max_norm, grads.layouts, grads.order, offsets, grads.times, 2.0
+    )
+    return lowered.compile().as_text()
+
+
+def fused_kernels(text: str) -> set[str]:
+    """The distinct bodies of the fused computations of an optimized HLO text (names and
+    metadata left out): what the backend compiles, once per distinct body."""
+    bodies = re.findall(r"^%?fused_computation\S* \(.*?\) -> .*? \{\n(.*?)\n\}", text, re.M | re.S)
+    return {re.sub(r"%[\w.\-]+", "%", re.sub(r", metadata=\{[^}]*\}", "", body)) for body in bodies}
 
 
 def fused_texts(n: int, monkeypatch) -> tuple[str, str]:
@@ -170,3 +207,38 @@ def test_views_and_join_give_the_same_gradients_as_separate_arrays():
     grads = jax.jit(jax.grad(loss_fn))(values, consts)
     for p, g in zip(params, grads):
         np.testing.assert_array_equal(np.asarray(p.grad), np.asarray(g))
+
+
+# XLA compiles a cut of a flat buffer at a constant offset as a kernel of its own (on
+# XLA:CPU about 30 ms each); lucid cuts at offsets given at run time, so that parameters of
+# one shape share one compiled cut (`lucid._platform.CUT_AT_RUN_TIME`).
+cuts_at_run_time = pytest.mark.skipif(
+    not CUT_AT_RUN_TIME, reason="this jax's XLA compiles constant cuts as fast: lucid keeps them"
+)
+
+
+@cuts_at_run_time
+@pytest.mark.parametrize("program", ["backward", "clip_grad_norm_", "fused step"])
+def test_parameters_of_one_shape_share_their_compiled_cut_of_the_flat_buffer(program, monkeypatch):
+    text_of = {
+        "backward": backward_text,
+        "clip_grad_norm_": clip_text,
+        "fused step": lambda n: fused_texts(n, monkeypatch)[1],
+    }[program]
+    small, large = 3, 12
+    texts = {n: text_of(n) for n in (small, large)}
+    # nine parameters of that shape more: at most the two kernels of a longer list of
+    # norms (a cut per parameter would be nine more)
+    grown = len(fused_kernels(texts[large])) - len(fused_kernels(texts[small]))
+    assert grown <= 2, grown
+
+
+def test_run_time_offsets_are_those_of_the_layout_where_the_gate_holds():
+    params, _ = compiled_model(4)
+    store = params[0].location[0]
+    offsets = run_time_offsets(store.layout, store.buffer)
+    if not CUT_AT_RUN_TIME:
+        assert offsets is None
+        return
+    assert [int(o) for o in offsets] == [0, SIZE, 2 * SIZE, 3 * SIZE]
+    assert run_time_offsets(store.layout, store.buffer) is offsets  # made once per layout

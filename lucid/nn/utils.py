@@ -33,7 +33,7 @@ import numpy as np
 from .._arrays import is_sparse
 from .._parameter import Parameter
 from .._placement import by_domain, replicated
-from .._storage import by_storage
+from .._storage import by_storage, cut_views, run_time_offsets
 from .._trees import boxed_tree_params
 from ..functional import clipping
 from ..functional.clipping import check_dense
@@ -49,16 +49,32 @@ Array = jax.Array
 Order = tuple[tuple[int, "int | None"], ...]
 
 
-def _tensors(grads: list[Array], layouts: tuple, order: Order) -> list[Array]:
+# Per array the gradients are read as: ``None``, or the run-time offsets its layout's views
+# are cut at (`BufferLayout.split_at`, traced int32 scalars; `_offsets`).
+Offsets = tuple[Any, ...]
+
+
+def _tensors(grads: list[Array], layouts: tuple, order: Order, offsets: Offsets) -> list[Array]:
     """The gradients as torch's total norm sees them, as listed: a flat buffer's views,
     and a parameter listed `k` times `k` times (torch's list of `.grad`s repeats it)."""
-    views = [g if layout is None else layout.split(g) for g, layout in zip(grads, layouts)]
+    views = [
+        g if layout is None else cut_views(g, layout, at)
+        for g, layout, at in zip(grads, layouts, offsets)
+    ]
     return [views[a] if view is None else views[a][view] for a, view in order]
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _total_norm(grads: list[Array], layouts: tuple, order: Order, norm_type: float) -> Array:
-    return clipping.total_norm(_tensors(grads, layouts, order), norm_type)
+def _offsets(grads: list[Array], layouts: tuple) -> Offsets:
+    """Per array, the run-time offsets its views are cut at in the program
+    (`lucid._storage.run_time_offsets`: one compiled cut per distinct shape)."""
+    return tuple(map(run_time_offsets, layouts, grads))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 4))
+def _total_norm(
+    grads: list[Array], layouts: tuple, order: Order, offsets: Offsets, norm_type: float
+) -> Array:
+    return clipping.total_norm(_tensors(grads, layouts, order, offsets), norm_type)
 
 
 @functools.partial(jax.jit, static_argnums=(3,))
@@ -67,16 +83,17 @@ def _scaled(grads: list[Array], max_norm: Array, total_norm: Array, times: tuple
     return [clipping.scale(g, coef, k) for g, k in zip(grads, times)]
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+@functools.partial(jax.jit, static_argnums=(2, 3, 5, 6))
 def _clipped_by_norm(
     grads: list[Array],
     max_norm: Array,
     layouts: tuple,
     order: Order,
+    offsets: Offsets,
     times: tuple,
     norm_type: float,
 ) -> tuple[Array, list[Array]]:
-    total = _total_norm(grads, layouts, order, norm_type)
+    total = _total_norm(grads, layouts, order, offsets, norm_type)
     return total, _scaled(grads, max_norm, total, times)
 
 
@@ -95,7 +112,8 @@ def _clamped(grads: list[Array], clip_value: Array) -> list[Array]:
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _norms(grads: list[Array], layouts: tuple, order: Order, norm_type: float) -> list[Array]:
-    return [clipping.vector_norm(t, norm_type) for t in _tensors(grads, layouts, order)]
+    none = (None,) * len(grads)
+    return [clipping.vector_norm(t, norm_type) for t in _tensors(grads, layouts, order, none)]
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -143,7 +161,7 @@ def _scaled_across(grads: list[Array], max_norm: Array, total: Array, times: tup
 def _norm(grads: list[Array], layouts: tuple, order: Order, norm_type: float) -> Array:
     """`_total_norm`, across device domains where the gradients span several."""
     try:
-        return _total_norm(grads, layouts, order, norm_type)
+        return _total_norm(grads, layouts, order, _offsets(grads, layouts), norm_type)
     except ValueError:
         if len(by_domain(grads)) < 2:
             raise
@@ -401,7 +419,13 @@ def clip_grad_norm_(
         return total
     try:
         total, scaled = _clipped_by_norm(
-            grads.arrays, max_norm, grads.layouts, grads.order, grads.times, float(norm_type)
+            grads.arrays,
+            max_norm,
+            grads.layouts,
+            grads.order,
+            _offsets(grads.arrays, grads.layouts),
+            grads.times,
+            float(norm_type),
         )
     except ValueError:  # gradients on several device domains (else raised again)
         total = _norm(grads.arrays, grads.layouts, grads.order, float(norm_type))

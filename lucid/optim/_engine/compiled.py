@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from ..._parameter import Parameter
 from ..._platform import flat_blocks
-from ..._storage import OwnArrays, check_grad
+from ..._storage import OwnArrays, check_grad, run_time_offsets
 from ...functional._apply import check_sparse_grad, is_sparse
 from ...functional._sparse import stored_entries
 from ...functional.rule import Present, Rule
@@ -197,18 +197,23 @@ class CompiledBackend:
         values = [b.store.values for b in self._buckets]
         fixed = array_count(tree) if accumulate is not None else 0
         key = (self.rule, loss_fn, (traced.static, sources, layouts), plans, has_aux, accumulate)
+        # flat buffers cut at run-time offsets (one compiled cut per distinct shape)
+        bucket_offsets = tuple(map(run_time_offsets, layouts, values))
+        const_layouts = [traced.static[3][i] for i, s in enumerate(sources) if s[0] == "const"]
+        offsets = (bucket_offsets, tuple(map(run_time_offsets, const_layouts, consts)))
         if grad_transform is None:
             run = fused_program(*key, fixed)
             loss, values, new_states = run(
-                hyper32, hyper64, zero, values, states, consts, traced.arrays
+                hyper32, hyper64, zero, values, states, consts, traced.arrays, offsets
             )
         else:  # two programs: the transform reads the gradients as program inputs
-            loss, grads = fused_program(*key, fixed, False)(zero, values, consts, traced.arrays)
+            gradients = fused_program(*key, fixed, False)
+            loss, grads = gradients(zero, values, consts, traced.arrays, offsets)
             run = transformed_step_program(
                 self.rule, plans, grad_transform, layouts, self._parameter_order()
             )
             values, new_states, transform_state = run(
-                hyper32, hyper64, zero, values, grads, states, transform_state
+                hyper32, hyper64, zero, values, grads, states, transform_state, bucket_offsets
             )
         self._commit(self._buckets, values, new_states)
         return loss, transform_state

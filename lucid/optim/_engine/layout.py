@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -59,6 +60,27 @@ class Layout(NamedTuple):
     def join(self, arrays: Sequence[Array]) -> Array:
         """`join_views` of this layout."""
         return join_views(arrays, self)
+
+    @property
+    def offsets(self) -> tuple[int, ...] | None:
+        """Each parameter's offset in a 1-D flat buffer, for `split_at`; ``None`` for a
+        buffer of one parameter, of rows (parameters sharded along their first axis), or
+        longer than int32 offsets reach."""
+        if not self.flat or self.rows != 1:
+            return None
+        offsets = np.cumsum((0, *self.sizes))
+        if offsets[-1] >= 2**31:
+            return None
+        return tuple(int(o) for o in offsets[:-1])
+
+    def split_at(self, buffer: Array, offsets: Sequence[Array]) -> list[Array]:
+        """`split` of a 1-D flat buffer, each parameter cut at its offset given at run time
+        (``offsets``: traced int32 scalars, the values of `offsets`), so that XLA compiles one
+        cut per distinct size and shape rather than one per parameter (the same values)."""
+        return [
+            jax.lax.dynamic_slice(buffer, (start,), (size,)).reshape(shape)
+            for start, size, shape in zip(offsets, self.sizes, self.shapes)
+        ]
 
 
 def views_of(buffer: Array, layout: Layout) -> list[Array]:

@@ -81,6 +81,15 @@ class FlatLayout(NamedTuple):
         """`join_values` (the `BufferLayout` protocol)."""
         return self.join_values(arrays)
 
+    @property
+    def offsets(self) -> None:
+        """``None``: the pieces are cut where they are (the `BufferLayout` protocol)."""
+        return None
+
+    def split_at(self, buffer: Sequence[Any], offsets: Sequence[Any]) -> list[Any]:
+        """`split_values` (the `BufferLayout` protocol; no run-time offsets)."""
+        return self.split_values(buffer)
+
     def join_values(self, arrays: Sequence[Any]) -> tuple[Any, ...]:
         """Per-parameter values as a `PieceStore` holds them: `join_field`, except that
         a piece of one member is that member's array in its own shape. The step reads

@@ -10,7 +10,7 @@ keeps an optimizer alive.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..._platform import shard_map
+from ..._storage import cut_views
 from ...functional._apply import apply_leaf, apply_leaves, apply_stacked, batch_key, stack_class
 from ...functional.rule import Rule
 from .sharding import RowShard, shard_count, state_entry_sharding
@@ -312,15 +313,30 @@ def step_program(rule: Rule, plans: tuple[Plan, ...]) -> Callable:
     return jit_placed(rule, step, 2, donate_argnums=(2, 4))
 
 
+def cut(buffers: Sequence[Any], layouts: Sequence[Any], offsets: Sequence[Any]) -> list:
+    """Each buffer as its parameters' views (traced), `lucid._storage.cut_views`: at its
+    run-time ``offsets`` (one compiled cut per distinct shape), or, where those are
+    ``None``, at its layout's constant offsets."""
+    return list(map(cut_views, buffers, layouts, offsets))
+
+
 def _transformed(
-    grad_transform: Any, order: tuple, layouts: tuple, zero: Any, grads, values, state
+    grad_transform: Any,
+    order: tuple,
+    layouts: tuple,
+    offsets: tuple,
+    zero: Any,
+    grads,
+    values,
+    state,
 ) -> tuple[list, Any]:
     """``grad_transform`` over the buckets' flat gradients ``grads`` (traced) as
     per-parameter gradients in the optimizer's ``order`` (``(bucket, index)`` each), with
-    the parameters' views of ``values``; the new gradients `rounded` and laid out as the
-    buckets' again, and the transform's new state."""
-    view_grads = [list(layout.split(g)) for g, layout in zip(grads, layouts)]
-    views = [layout.split(v) for v, layout in zip(values, layouts)]
+    the parameters' views of ``values`` (both cut at ``offsets``, `cut`); the new
+    gradients `rounded` and laid out as the buckets' again, and the transform's new
+    state."""
+    view_grads = [list(views) for views in cut(grads, layouts, offsets)]
+    views = cut(values, layouts, offsets)
     grads_list = [view_grads[b][i] for b, i in order]
     new_list, state = grad_transform.update(grads_list, state, [views[b][i] for b, i in order])
     grads_list = rounded(checked_gradients(new_list, grads_list), zero)
@@ -333,9 +349,10 @@ def _transformed(
 def transformed_step_program(
     rule: Rule, plans: tuple[Plan, ...], grad_transform: Any, layouts: tuple, order: tuple
 ) -> Callable:
-    """``(hyper32, hyper64, zero, values, grads, states, transform_state) -> (values,
-    states, transform_state)``: ``grad_transform`` over the gradients (`_transformed`),
-    then `step_program`'s update; the values and states donated.
+    """``(hyper32, hyper64, zero, values, grads, states, transform_state, offsets) ->
+    (values, states, transform_state)``: ``grad_transform`` over the gradients
+    (`_transformed`; ``offsets``: the buckets' run-time offsets, `cut`), then
+    `step_program`'s update; the values and states donated.
 
     A fused step with a ``grad_transform`` runs its gradients' program (`fused_program`
     without the update) and then this one, so the transform reads the gradients as
@@ -343,9 +360,9 @@ def transformed_step_program(
     input. Inside one program XLA may lay a gradient out in another order (a matrix
     product's result transposed), and a norm summed over it then rounds differently."""
 
-    def step(hyper32, hyper64, zero, values, grads, states, transform_state, places=None):
+    def step(hyper32, hyper64, zero, values, grads, states, transform_state, offsets, places=None):
         grads, transform_state = _transformed(
-            grad_transform, order, layouts, zero, grads, values, transform_state
+            grad_transform, order, layouts, offsets, zero, grads, values, transform_state
         )
         new_values, new_states = apply_buckets(
             rule, plans, hyper32, hyper64, values, grads, states, places
@@ -367,11 +384,13 @@ def fused_program(
     update: bool = True,
 ) -> Callable:
     """Forward, backward and update of every bucket in one program:
-    ``(hyper32, hyper64, zero, values, states, consts, arrays) -> (out, values, states)``,
-    the values and states donated. Without ``update``, forward and backward only:
-    ``(values, consts, arrays) -> (out, grads)``, the gradients laid out as the buckets'
-    values (the first program of a fused step with a ``grad_transform``, whose second is
-    `transformed_step_program`).
+    ``(hyper32, hyper64, zero, values, states, consts, arrays, offsets) -> (out, values,
+    states)``, the values and states donated. Without ``update``, forward and backward
+    only: ``(zero, values, consts, arrays, offsets) -> (out, grads)``, the gradients laid
+    out as the buckets' values (the first program of a fused step with a
+    ``grad_transform``, whose second is `transformed_step_program`). ``offsets``: the
+    run-time offsets of the buckets' and the constants' buffers, ``(buckets', consts')``
+    (`cut`).
 
     The gradients are `rounded` with ``zero`` (a runtime 0, `numpy.uint32`) before
     anything else reads them, so the step gives the numbers of `backward` and `step` run
@@ -390,9 +409,10 @@ def fused_program(
     static, sources, layouts = structure
     const_layouts = [static[3][i] for i, source in enumerate(sources) if source[0] == "const"]
 
-    def gradients(zero, values, consts, arrays):
+    def gradients(zero, values, consts, arrays, offsets):
         """``(loss, aux)`` and the gradients, laid out as the buckets' values."""
-        const_views = [layout.split(c) for c, layout in zip(consts, const_layouts)]
+        bucket_offsets, const_offsets = offsets
+        const_views = cut(consts, const_layouts, const_offsets)
 
         def grads_of(bucket_views, arrays):
             def loss_of(bucket_views):
@@ -412,7 +432,7 @@ def fused_program(
             (_, out), grads = jax.value_and_grad(loss_of, has_aux=True)(bucket_views)
             return out, rounded(grads, zero)  # as `backward` leaves them
 
-        bucket_views = [layout.split(buffer) for buffer, layout in zip(values, layouts)]
+        bucket_views = cut(values, layouts, bucket_offsets)
         if accumulate is None:
             (loss, aux), view_grads = grads_of(bucket_views, arrays)
         else:
@@ -434,13 +454,13 @@ def fused_program(
 
     if not update:
 
-        def forward_backward(zero, values, consts, arrays, places=None):
-            return gradients(zero, values, consts, arrays)
+        def forward_backward(zero, values, consts, arrays, offsets, places=None):
+            return gradients(zero, values, consts, arrays, offsets)
 
         return jit_placed(rule, forward_backward, 1)
 
-    def fused(hyper32, hyper64, zero, values, states, consts, arrays, places=None):
-        out, grads = gradients(zero, values, consts, arrays)
+    def fused(hyper32, hyper64, zero, values, states, consts, arrays, offsets, places=None):
+        out, grads = gradients(zero, values, consts, arrays, offsets)
         # the update writes the donated value buffers in place; the loss reads
         # them too, but need not be inputs of the update (a gradient may not depend on
         # every read), so without this data dependency XLA may not order those reads
