@@ -82,7 +82,12 @@ def run_time_offsets(layout: BufferLayout | None, buffer: Any) -> tuple[Array, .
     if layout is None or not CUT_AT_RUN_TIME or not isinstance(buffer, jax.Array):
         return None
     devices = buffer.sharding.device_set
-    return _offset_arrays(layout, next(iter(devices))) if len(devices) == 1 else None
+    if len(devices) != 1:
+        return None
+    # committed as the buffer is: a committed input commits a program's outputs, and the
+    # next call with those would compile again
+    device = next(iter(devices)) if getattr(buffer, "committed", True) else None
+    return _offset_arrays(layout, device)
 
 
 def cut_views(buffer: Any, layout: BufferLayout, offsets: Sequence[Array] | None) -> list[Any]:
@@ -94,8 +99,9 @@ def cut_views(buffer: Any, layout: BufferLayout, offsets: Sequence[Array] | None
 
 @functools.lru_cache(maxsize=64)
 def _offset_arrays(layout: BufferLayout, device: Any) -> tuple[Array, ...] | None:
-    """``layout.offsets`` as int32 arrays on ``device`` (where the buffer is: no copy per
-    call), or ``None`` for a layout without them."""
+    """``layout.offsets`` as int32 arrays committed to ``device`` (where the buffer is: no
+    copy per call; ``None``: uncommitted, on the default device), or ``None`` for a layout
+    without them."""
     offsets = layout.offsets
     return None if offsets is None else tuple(jax.device_put(np.int32(o), device) for o in offsets)
 
