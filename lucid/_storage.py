@@ -66,9 +66,9 @@ class BufferLayout(Protocol):
 
 def run_time_offsets(layout: BufferLayout | None, buffer: Any) -> tuple[Array, ...] | None:
     """The offsets a program cuts ``buffer`` at (`BufferLayout.split_at`): its layout's
-    offsets as arrays on its device, made once per layout; ``None`` where its views are cut
-    at constant offsets (``layout`` ``None`` or without offsets, a buffer on several
-    devices, or a jax before `lucid._platform.CUT_AT_RUN_TIME`).
+    offsets as arrays on its device, made once per layout and device; ``None`` where its
+    views are cut at constant offsets (``layout`` ``None`` or without offsets, a buffer on
+    several devices, or a jax before `lucid._platform.CUT_AT_RUN_TIME`).
 
     A cut at a constant offset is a kernel of its own to XLA (on XLA:CPU about 30 ms to
     compile each: clipping a 100-tensor model's flat gradient compiled in 3.5 s, against
