@@ -43,6 +43,7 @@ from .interface import Group
 from .programs import (
     Plan,
     checked_gradients,
+    constant_layouts,
     fused_program,
     step_program,
     transformed_step_program,
@@ -199,7 +200,7 @@ class CompiledBackend:
         key = (self.rule, loss_fn, (traced.static, sources, layouts), plans, has_aux, accumulate)
         # flat buffers cut at run-time offsets (one compiled cut per distinct shape)
         bucket_offsets = tuple(map(run_time_offsets, layouts, values))
-        const_layouts = [traced.static[3][i] for i, s in enumerate(sources) if s[0] == "const"]
+        const_layouts = constant_layouts(traced.static, sources)
         offsets = (bucket_offsets, tuple(map(run_time_offsets, const_layouts, consts)))
         if grad_transform is None:
             run = fused_program(*key, fixed)

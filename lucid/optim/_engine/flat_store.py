@@ -85,10 +85,9 @@ def _padded(length: int, dtype: Any, sharding: Any) -> Any:
 
 def _offsets(layout: Layout) -> tuple:
     """Where each parameter of a flat ``layout`` starts (in columns for rows)."""
-    columns = [size // layout.rows for size in layout.sizes]
     # int32 where it fits: a Python int is an int64 index under x64, which Apple
     # GPUs' programs avoid (docs/backends.md)
-    return tuple(np.int32(o) if o < 2**31 else int(o) for o in np.cumsum((0, *columns))[:-1])
+    return tuple(np.int32(o) if o < 2**31 else o for o in layout.column_offsets)
 
 
 class FlatStore:

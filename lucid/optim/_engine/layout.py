@@ -62,16 +62,19 @@ class Layout(NamedTuple):
         return join_views(arrays, self)
 
     @property
+    def column_offsets(self) -> tuple[int, ...]:
+        """The column where each parameter begins (in a 1-D buffer, its offset)."""
+        columns = np.cumsum((0, *(size // self.rows for size in self.sizes)))
+        return tuple(int(c) for c in columns[:-1])
+
+    @property
     def offsets(self) -> tuple[int, ...] | None:
         """Each parameter's offset in a 1-D flat buffer, for `split_at`; ``None`` for a
         buffer of one parameter, of rows (parameters sharded along their first axis), or
         longer than int32 offsets reach."""
-        if not self.flat or self.rows != 1:
+        if not self.flat or self.rows != 1 or sum(self.sizes) >= 2**31:
             return None
-        offsets = np.cumsum((0, *self.sizes))
-        if offsets[-1] >= 2**31:
-            return None
-        return tuple(int(o) for o in offsets[:-1])
+        return self.column_offsets
 
     def split_at(self, buffer: Array, offsets: Sequence[Array]) -> list[Array]:
         """`split` of a 1-D flat buffer, each parameter cut at its offset given at run time

@@ -372,6 +372,13 @@ def transformed_step_program(
     return jit_placed(rule, step, 3, donate_argnums=(3, 5))
 
 
+def constant_layouts(static: tuple, sources: tuple) -> list:
+    """The layouts of a fused call's constant storages (those not among the buckets), in
+    the call's order: ``static`` is `lucid._backward.partition`'s, ``sources`` per storage
+    ``("bucket", index)`` or ``("const", position)``."""
+    return [static[3][i] for i, source in enumerate(sources) if source[0] == "const"]
+
+
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
 def fused_program(
     rule: Rule,
@@ -407,7 +414,7 @@ def fused_program(
     from ..._backward import one_element, rebuild_from_views, split_aux
 
     static, sources, layouts = structure
-    const_layouts = [static[3][i] for i, source in enumerate(sources) if source[0] == "const"]
+    const_layouts = constant_layouts(static, sources)
 
     def gradients(zero, values, consts, arrays, offsets):
         """``(loss, aux)`` and the gradients, laid out as the buckets' values."""
