@@ -1,11 +1,12 @@
 """`backward`: differentiating through Parameters, wherever they are stored.
 
 `partition` splits `(tree, args, kwargs)` into traced inputs (the buffer of
-every `lucid._storage.Storage` a Parameter lives in, and plain arrays) and a
-hashable static part; `rebuild_from_views` puts the tree back together from
-the storages' per-parameter views inside a trace. Both `backward` and the
-compiled optimizer's fused step use this pair, so a loss function sees the
-same arrays however its parameters are stored.
+what every `lucid._storage.Storage` a Parameter lives in traces it through,
+`Storage.traced`, and plain arrays) and a hashable static part;
+`rebuild_from_views` puts the tree back together from the storages'
+per-parameter views inside a trace. Both `backward` and the compiled
+optimizer's fused step use this pair, so a loss function sees the same arrays
+however its parameters are stored.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._parameter import Parameter
-from ._storage import Storage, cut_views, run_time_offsets
+from ._storage import Traceable, cut_views, run_time_offsets
 
 
 class Traced(NamedTuple):
@@ -29,7 +30,7 @@ class Traced(NamedTuple):
     buffers: list[jax.Array]  # one per storage
     arrays: list[jax.Array]  # plain array leaves
     static: tuple  # (treedef, kinds, static_leaves, layouts): hashable
-    storages: list[Storage]
+    storages: list[Traceable]  # what each buffer is traced through (`Storage.traced`)
     indices: list[list[int]]  # per storage, the indices of its parameters in the call
 
 
@@ -50,7 +51,7 @@ def partition(tree: Any, args: tuple, kwargs: dict) -> Traced:
     leaves, treedef = jax.tree_util.tree_flatten((tree, args, kwargs), is_leaf=_is_parameter)
     # one pass, per leaf as little as can be (a model of thousands of small tensors
     # pays this at every call): the kinds are the static part of the key
-    storages: list[Storage] = []
+    storages: list[Traceable] = []
     indices: list[list[int]] = []
     position: dict[int, int] = {}
     kinds: list[tuple] = []
@@ -61,6 +62,7 @@ def partition(tree: Any, args: tuple, kwargs: dict) -> Traced:
     for leaf in leaves:
         if isinstance(leaf, Parameter):
             storage, index = leaf.location
+            storage, index = storage.traced(index)
             at = position.get(id(storage))
             if at is None:
                 at = position[id(storage)] = len(storages)

@@ -11,13 +11,18 @@ place the value lives.
 The protocol has two halves. *Access*: ``value``, ``set_value``, ``grad``,
 ``set_grad``, ``grad_present`` (without reading the gradient), ``shape``,
 ``dtype``, ``clear_grads``, and ``grad_buffer`` / ``set_grad_buffer`` for
-whole-storage gradient work (clipping) in one call. *Tracing*, used by
-`lucid.backward` and fused steps to differentiate through stored
+whole-storage gradient work (clipping) in one call. *Tracing* (a `Traceable`),
+used by `lucid.backward` and fused steps to differentiate through stored
 parameters without copying them out: ``buffer`` (the array holding every value
 of the storage), ``layout`` (a `BufferLayout`: how the buffer holds them,
 hashable, able to cut it into per-parameter arrays and put them back) and
-``add_grads`` (accumulate a gradient with respect to the whole buffer).
-A storage's layout is its own business: this module knows only the protocol.
+``add_grads`` (accumulate a gradient with respect to the whole buffer). A
+storage says what is traced for each of its parameters (``traced``): itself, or
+the parameter alone where its buffer is not traced whole (the eager step's
+pieces, `lucid.optim._engine.pieces.PieceStore`: a loss program over them would
+be a second program of the model, for the layout the step chose after the first
+backward). A storage's layout is its own business: this module knows only the
+protocol.
 """
 
 from __future__ import annotations
@@ -130,6 +135,21 @@ class Whole(NamedTuple):
 
 
 @runtime_checkable
+class Traceable(Protocol):
+    """What `lucid.backward` differentiates through: a buffer holding parameters' values,
+    its layout, and where the gradient with respect to the buffer goes."""
+
+    layout: BufferLayout
+
+    @property
+    def buffer(self) -> Array: ...
+
+    def add_grads(self, grads: Array, present: np.ndarray) -> None:
+        """Accumulate ``grads`` (laid out as ``buffer``) into the gradients of the
+        parameters where ``present`` (one bool per parameter) is true."""
+
+
+@runtime_checkable
 class Storage(Protocol):
     """The place one or more Parameters' values and gradients live (see module docstring)."""
 
@@ -156,7 +176,10 @@ class Storage(Protocol):
 
     @property
     def buffer(self) -> Array: ...
-    def add_grads(self, grads: Array, present: np.ndarray) -> None: ...
+
+    def traced(self, index: int) -> tuple[Traceable, int]:
+        """What `lucid.backward` traces for the parameter at ``index``, and its index
+        there: ``(self, index)``, or a `Traceable` of that parameter alone."""
 
 
 def check_grad(grad: Any, shape: tuple[int, ...], dtype: Any) -> None:
@@ -227,6 +250,9 @@ class OwnArrays:
 
     def add_grads(self, grads: Array, present: np.ndarray) -> None:
         self._grad = grads if self._grad is None else self._grad + grads
+
+    def traced(self, index: int) -> tuple[OwnArrays, int]:
+        return self, index
 
 
 def by_storage(locations: Iterable[tuple[Storage, int]]) -> list[tuple[Storage, list[int]]]:

@@ -256,6 +256,9 @@ class FlatStore:
     def add_grads(self, grads: Array, present: np.ndarray) -> None:
         self.accumulate(grads, present)
 
+    def traced(self, index: int) -> tuple[FlatStore, int]:
+        return self, index
+
     def sparse_indices(self, indices: Sequence[int]) -> list[int]:
         return [i for i in indices if i in self.sparse]
 

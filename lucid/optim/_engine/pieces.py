@@ -13,7 +13,10 @@ so ``p.data`` keeps working: the first read after a step cuts every member's val
 in one call (one array per member, as the step used to return them), and a write
 replaces the member's value until the next step joins the pieces again (one call).
 Gradients stay per parameter, as `lucid._storage.OwnArrays` keeps them: a loop
-assigns them one by one.
+assigns them one by one. `lucid.backward` traces each member alone (`Member`), as
+it traced the member's own array before the first step: a loss program over the
+pieces would be a second program of the whole model, compiled at the second
+iteration of every eager loop (5 s of the 27M GPT's on the CPU).
 
 A store belongs to the eager backend that made it (weakly: the store is kept by
 its parameters). That backend gives every member its own arrays again
@@ -36,7 +39,7 @@ import numpy as np
 
 from ..._arrays import is_sparse
 from ..._parameter import Parameter
-from ..._storage import OwnArrays
+from ..._storage import OwnArrays, Whole
 from .flat_store import FlatStore
 from .layout import Layout, join_views, views_of
 from .programs import PROGRAMS_KEPT
@@ -182,19 +185,6 @@ def joiner(layout: FlatLayout) -> Any:
     return jax.jit(lambda arrays: tuple(jnp.copy(x) for x in layout.join_values(arrays)))
 
 
-@functools.lru_cache(maxsize=PROGRAMS_KEPT)
-def _accumulator(layout: FlatLayout, present: tuple[int, ...]) -> Any:
-    """``(gradient pieces, old gradients) -> new gradients`` of the members at
-    ``present``, in one call: each the member's cut of the pieces, added to its old
-    gradient where it has one (`lucid.backward`'s accumulation, as torch's)."""
-
-    def accumulate(pieces: Sequence[Any], olds: Sequence[Any]) -> list[Any]:
-        cut = layout.split_values(pieces)
-        return [jnp.copy(cut[i]) if old is None else old + cut[i] for i, old in zip(present, olds)]
-
-    return jax.jit(accumulate)
-
-
 class PieceStore:
     """The values of one flat call's members in the pieces the eager step returned,
     and their gradients per parameter (see the module docstring).
@@ -224,6 +214,7 @@ class PieceStore:
         self._values: list[jax.Array] | None = None  # the members' values, once cut
         self._grads = list(grads)
         self._owner: weakref.ref | None = weakref.ref(owner)
+        self._members: list[Member] | None = None  # what `lucid.backward` traces
 
     @property
     def owned(self) -> bool:
@@ -310,16 +301,40 @@ class PieceStore:
 
     @property
     def buffer(self) -> tuple[jax.Array, ...]:
-        """The values as one pytree (`pieces`), for `lucid.backward`."""
+        """The values as one pytree (`pieces`): where they live (placement checks)."""
         return self.pieces
 
-    def add_grads(self, grads: tuple[jax.Array, ...], present: np.ndarray) -> None:
-        indices = tuple(int(i) for i in np.flatnonzero(present))
-        olds = [self._grads[i] for i in indices]
-        if all(old is None or isinstance(old, jax.Array) for old in olds):
-            new = _accumulator(self.layout, indices)(grads, olds)
-        else:  # a sparse or host gradient assigned by hand: added as OwnArrays adds it
-            cut = _cutter(self.layout)(grads)
-            new = [cut[i] if old is None else old + cut[i] for i, old in zip(indices, olds)]
-        for i, grad in zip(indices, new):
-            self._grads[i] = grad
+    def traced(self, index: int) -> tuple[Member, int]:
+        """The member alone (`Member`): `lucid.backward` traces it as its own array."""
+        if self._members is None:
+            self._members = [Member(self, i) for i in range(self.layout.param_count)]
+        return self._members[index], 0
+
+    def add_grad(self, index: int, grad: jax.Array) -> None:
+        """Accumulate a member's gradient (`lucid.backward`'s, as torch's: the first
+        one as it is, a later one added)."""
+        old = self._grads[index]
+        self._grads[index] = grad if old is None else old + grad
+
+
+class Member:
+    """One member of a `PieceStore` as `lucid.backward` traces it: its value as a
+    buffer of its own (`lucid._storage.Whole`), so the loss program is the one its own
+    array was traced by (a `lucid._storage.Traceable`)."""
+
+    __slots__ = ("_index", "_store")
+
+    def __init__(self, store: PieceStore, index: int) -> None:
+        self._store = store
+        self._index = index
+
+    @property
+    def layout(self) -> Whole:
+        return Whole(self._store.layout.shapes[self._index])
+
+    @property
+    def buffer(self) -> jax.Array:
+        return self._store.value(self._index)
+
+    def add_grads(self, grads: jax.Array, present: np.ndarray) -> None:
+        self._store.add_grad(self._index, grads)
