@@ -61,12 +61,12 @@ def partition(tree: Any, args: tuple, kwargs: dict) -> Traced:
     array_types = (jax.Array, np.ndarray)
     for leaf in leaves:
         if isinstance(leaf, Parameter):
-            storage, index = leaf.location
-            storage, index = storage.traced(index)
-            at = position.get(id(storage))
+            held_in, held_at = leaf.location
+            traced, index = held_in.traced(held_at)
+            at = position.get(id(traced))
             if at is None:
-                at = position[id(storage)] = len(storages)
-                storages.append(storage)
+                at = position[id(traced)] = len(storages)
+                storages.append(traced)
                 indices.append([])
             indices[at].append(index)
             kinds.append(("param", at, index))
