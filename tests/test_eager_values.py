@@ -185,6 +185,33 @@ def test_an_eager_loop_traces_its_loss_once_before_and_after_the_values_move_to_
 
 
 @FLAT_ONLY
+def test_clipping_an_eager_loop_compiles_once_before_and_after_the_values_move_to_pieces():
+    """The first clipping reads each parameter's own gradient; after the first step the
+    pieces keep them per parameter. The same arrays in the same order must be the same
+    compiled program (it was compiled again at the second iteration: 0.6 s for a 27M
+    GPT on a 2-core CPU), and the norms and clipped gradients stay torch's."""
+    from lucid.nn import utils as clip_utils
+
+    shapes = [(3,), (2, 2), (5,), ()] * 6 + [(7,)]  # one program shape of its own
+    twins = Twins(seed=3, shapes=shapes)
+    opt, topt = twins.optimizers("Adam", ADAM)
+    # interleave the groups, so a by-storage order differs from the parameters' order
+    order = [i for pair in zip(range(12), range(12, 24)) for i in pair] + list(range(24, 25))
+    before = clip_utils._clipped_by_norm._cache_size()
+    for step in range(3):
+        assert _storages(twins.lucid) == ({OwnArrays} if step == 0 else {PieceStore})
+        twins.gradients()
+        got = lucid.nn.utils.clip_grad_norm_([twins.lucid[i] for i in order], 0.5)
+        want = torch.nn.utils.clip_grad_norm_([twins.torch[i] for i in order], 0.5)
+        np.testing.assert_allclose(float(got), want.item(), rtol=1e-14)
+        for p, q in zip(twins.lucid, twins.torch):
+            np.testing.assert_allclose(np.asarray(p.grad), q.grad.numpy(), rtol=1e-13)
+        opt.step()
+        topt.step()
+    assert clip_utils._clipped_by_norm._cache_size() - before <= 1  # 0: compiled before
+
+
+@FLAT_ONLY
 def test_backward_through_stored_values_accumulates_torchs_gradients():
     """`lucid.backward` traces through the pieces; gradients go to the parameters the
     loss reads, added to those they had, and the others keep theirs (or none)."""
