@@ -116,6 +116,37 @@ def test_fused_step_with_torchs_clipping_matches_a_torch_loop(shared):
     assert params["w"].grad is None
 
 
+@pytest.mark.parametrize("accumulate", [None, 2])
+def test_a_transformed_fused_step_fences_its_gradients_where_something_computes_with_them(
+    monkeypatch, accumulate
+):
+    """With a ``grad_transform``, the gradients' program only returns them (an output is
+    rounded to its dtype anyway): no fence there, one in the transform's program. With
+    ``accumulate`` the program adds micro-batches' gradients, so they are fenced there
+    too (torch adds each one rounded). The numbers are the eager loop's either way
+    (`test_fused_step_with_torchs_clipping_matches_a_torch_loop`,
+    `tests/test_clip_bitwise.py`)."""
+    from lucid.optim._engine import programs
+
+    fenced = []
+    real = programs.rounded
+    monkeypatch.setattr(
+        programs, "rounded", lambda tree, zero: fenced.append(1) or real(tree, zero)
+    )
+    params = _params()
+    opt = lucid.optim.AdamW(list(params.values()), lr=0.05)
+
+    def loss(p, x):  # a loss of its own: traced here, never taken from a cache
+        return loss_jax(p) * x.mean()
+
+    fused = lucid.optim.fused_step(
+        loss, opt, grad_transform=lucid.functional.clip_grad_norm(0.5), accumulate=accumulate
+    )
+    x = jnp.ones(3) if accumulate is None else jnp.ones((accumulate, 3))
+    fused(params, x)
+    assert len(fenced) == (1 if accumulate is None else 2)
+
+
 def test_lucid_clip_grad_norm_transform_is_torchs_formula_not_optaxs():
     grads = {"w": jnp.array([3.0, 4.0]), "b": jnp.array([0.0, 12.0])}  # total norm 13
     tw, tb = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
