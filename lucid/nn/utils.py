@@ -221,12 +221,14 @@ def _sparse_indices(storage: Any, indices: list[int]) -> list[int]:
 
 
 class _Gradients:
-    """The gradients of some parameters as a few arrays: a storage's whole gradient
-    buffer where these parameters are all of its gradients, each listed once, else one
-    array per parameter, with how many times it was listed (torch scales it that often),
-    and the order they were listed in (`Order`), whatever the storages: the total norm
-    rounds its sum in an order of the listed tensors (`lucid.functional.clipping.total_norm`),
-    so a flat buffer's views must be read in it as arrays of their own are."""
+    """The gradients of some parameters as a few arrays, in the order the parameters are
+    listed (so the same gradients are the same program's inputs wherever they are held):
+    a storage's whole gradient buffer where these parameters are all of its gradients,
+    each listed once, else one array per parameter, with how many times it was listed
+    (torch scales it that often), and the order they were listed in (`Order`), whatever
+    the storages: the total norm rounds its sum in an order of the listed tensors
+    (`lucid.functional.clipping.total_norm`), so a flat buffer's views must be read in it
+    as arrays of their own are."""
 
     def __init__(self, params: list[Parameter], where: str) -> None:
         # presence from the storages: reading p.grad would cut a slice per parameter
