@@ -195,6 +195,12 @@ def check_grad(grad: Any, shape: tuple[int, ...], dtype: Any) -> None:
         )
 
 
+def accumulated(old: Any, grad: Any) -> Any:
+    """A gradient added to the one a parameter had, as torch's ``backward`` adds it: the
+    first as it is, a later one summed."""
+    return grad if old is None else old + grad
+
+
 class OwnArrays:
     """One parameter's own value and gradient: the storage every Parameter starts in."""
 
@@ -249,7 +255,7 @@ class OwnArrays:
         return self._value
 
     def add_grads(self, grads: Array, present: np.ndarray) -> None:
-        self._grad = grads if self._grad is None else self._grad + grads
+        self._grad = accumulated(self._grad, grads)
 
     def traced(self, index: int) -> tuple[OwnArrays, int]:
         return self, index

@@ -249,11 +249,11 @@ class _Gradients:
             sparse = _sparse_indices(storage, indices)
             if sparse:
                 check_dense([storage.grad(sparse[0])], where)
-        buffers = {}
+        buffers = {}  # per storage whose gradients these are all of: its indices, its buffer
         for storage, indices in groups:
             buffer = None if repeated else storage.grad_buffer(indices)
             if buffer is not None:
-                buffers[id(storage)] = (storage, indices, buffer)
+                buffers[id(storage)] = (indices, buffer)
         # the arrays in the order the parameters are listed (a storage's buffer where its
         # first one is), whatever holds them: the eager step's pieces keep gradients per
         # parameter, and its first clipping read each parameter's own array; the same
@@ -262,7 +262,7 @@ class _Gradients:
             storage, index = p.location
             whole = buffers.pop(id(storage), None)
             if whole is not None:
-                _, indices, buffer = whole
+                indices, buffer = whole
                 several = storage.layout.param_count > 1
                 for i in indices:
                     source[id(storage), i] = (len(self.arrays), i if several else None)
@@ -270,7 +270,7 @@ class _Gradients:
                 layouts.append(storage.layout if several else None)
                 times.append(1)
                 self._writers.append(storage.set_grad_buffer)
-            elif (id(storage), index) not in source:
+            elif (id(storage), index) not in source:  # not in a buffer listed already
                 source[id(storage), index] = (len(self.arrays), None)
                 self.arrays.append(storage.grad(index))
                 layouts.append(None)

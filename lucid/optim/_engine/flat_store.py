@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._storage import OwnArrays, check_grad
+from ..._storage import OwnArrays, accumulated, check_grad
 from ...functional._apply import compute_dtype
 from ...functional._sparse import dense
 from .layout import Layout, join_views, views_of
@@ -344,7 +344,7 @@ class FlatStore:
 
     def accumulate(self, grads: Array, present: np.ndarray) -> None:
         """Add a full-buffer gradient (zero outside ``present``) into the stored one."""
-        self.grads = grads if self.grads is None else self.grads + grads
+        self.grads = accumulated(self.grads, grads)
         self.has_grad |= present
         self._grad_cache.clear()
         for index in np.flatnonzero(present) if self.sparse else ():

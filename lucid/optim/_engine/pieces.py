@@ -39,7 +39,7 @@ import numpy as np
 
 from ..._arrays import is_sparse
 from ..._parameter import Parameter
-from ..._storage import OwnArrays, Whole
+from ..._storage import OwnArrays, Whole, accumulated
 from .flat_store import FlatStore
 from .layout import Layout, join_views, views_of
 from .programs import PROGRAMS_KEPT
@@ -313,8 +313,7 @@ class PieceStore:
     def add_grad(self, index: int, grad: jax.Array) -> None:
         """Accumulate a member's gradient (`lucid.backward`'s, as torch's: the first
         one as it is, a later one added)."""
-        old = self._grads[index]
-        self._grads[index] = grad if old is None else old + grad
+        self._grads[index] = accumulated(self._grads[index], grad)
 
 
 class Member:
@@ -322,15 +321,13 @@ class Member:
     buffer of its own (`lucid._storage.Whole`), so the loss program is the one its own
     array was traced by (a `lucid._storage.Traceable`)."""
 
-    __slots__ = ("_index", "_store")
+    __slots__ = ("_index", "_store", "layout")
 
     def __init__(self, store: PieceStore, index: int) -> None:
         self._store = store
         self._index = index
-
-    @property
-    def layout(self) -> Whole:
-        return Whole(self._store.layout.shapes[self._index])
+        # fixed: a value of another shape moves its parameter out of the store
+        self.layout = Whole(store.layout.shapes[index])
 
     @property
     def buffer(self) -> jax.Array:
